@@ -1,0 +1,98 @@
+//! WAL positions and the explicit log flush (SQL Server's sys.sp_flush_log).
+
+use crate::stats::{self, Counter};
+use pgrx::pg_sys;
+use pgrx::prelude::*;
+
+const fn maxalign(n: usize) -> u64 {
+    ((n + 7) & !7) as u64
+}
+const SHORT_PAGE_HEADER: u64 = maxalign(std::mem::size_of::<pg_sys::XLogPageHeaderData>());
+const LONG_PAGE_HEADER: u64 = maxalign(std::mem::size_of::<pg_sys::XLogLongPageHeaderData>());
+
+/// The end of the WAL inserted so far.
+///
+/// GetXLogInsertRecPtr() returns where the next record would start, which is
+/// past the page header when the last record ended exactly at a page or
+/// segment boundary (e.g. right after pg_switch_wal()). Flushing that position
+/// asks for bytes nobody wrote ("xlog flush request ... is not satisfied"),
+/// so step back to the boundary, as XLogBytePosToEndRecPtr does.
+fn insert_end() -> u64 {
+    // SAFETY: reads shared WAL insert state under PostgreSQL's own spinlock.
+    let pos = unsafe { pg_sys::GetXLogInsertRecPtr() };
+    // SAFETY: wal_segment_size is set at startup and never changes.
+    let segment_size = unsafe { pg_sys::wal_segment_size } as u64;
+    if pos % segment_size == LONG_PAGE_HEADER {
+        pos - LONG_PAGE_HEADER
+    } else if pos % pg_sys::XLOG_BLCKSZ as u64 == SHORT_PAGE_HEADER {
+        pos - SHORT_PAGE_HEADER
+    } else {
+        pos
+    }
+}
+
+fn flush_end() -> u64 {
+    // SAFETY: reads the shared flush position under PostgreSQL's spinlock.
+    unsafe {
+        #[cfg(any(feature = "pg13", feature = "pg14"))]
+        return pg_sys::GetFlushRecPtr();
+        #[cfg(not(any(feature = "pg13", feature = "pg14")))]
+        return pg_sys::GetFlushRecPtr(std::ptr::null_mut());
+    }
+}
+
+fn in_recovery() -> bool {
+    // SAFETY: reads shared recovery state.
+    unsafe { pg_sys::RecoveryInProgress() }
+}
+
+fn replay_end() -> u64 {
+    // SAFETY: reads shared recovery state.
+    unsafe { pg_sys::GetXLogReplayRecPtr(std::ptr::null_mut()) }
+}
+
+/// Flushes all WAL inserted so far and returns the flushed position. When it
+/// returns, every commit acknowledged before the call, in any session, is on
+/// disk. Declared in SQL as returning pg_lsn, which is a by-value 64-bit
+/// integer exactly like bigint.
+#[pg_extern(sql = r#"
+CREATE FUNCTION flush_log() RETURNS pg_lsn
+    VOLATILE PARALLEL UNSAFE STRICT
+    LANGUAGE c AS 'MODULE_PATHNAME', 'flush_log_wrapper';
+"#)]
+fn flush_log() -> i64 {
+    crate::preload::require_preloaded();
+    if in_recovery() {
+        pg_sys::panic::ErrorReport::new(
+            PgSqlErrorCode::ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
+            "recovery is in progress",
+            "",
+        )
+        .set_hint("flush_log() cannot be executed during recovery: a standby writes WAL as it receives it.")
+        .report(PgLogLevel::ERROR);
+    }
+    // SAFETY: XLogFlush waits for in-progress insertions up to the target
+    // and never asks for more than was inserted (see insert_end).
+    unsafe { pg_sys::XLogFlush(insert_end()) };
+    stats::count(Counter::FlushLogCalls);
+    flush_end() as i64
+}
+
+/// Raw WAL positions for delayed_durability_status(): the end of inserted
+/// WAL and the end of WAL flushed to disk. On a standby both are the replay
+/// position: nothing there waits to be flushed by this server's commits.
+#[pg_extern(volatile, parallel_safe)]
+fn delayed_durability_wal_positions(
+) -> TableIterator<'static, (name!(insert_end, i64), name!(flush_end, i64))> {
+    crate::preload::require_preloaded();
+    let (insert, flush) = if in_recovery() {
+        let replayed = replay_end();
+        (replayed, replayed)
+    } else {
+        // Read flush first: WAL is never flushed past what was inserted, so
+        // an insert position read afterwards keeps the gap non-negative.
+        let flush = flush_end();
+        (insert_end(), flush)
+    };
+    TableIterator::once((insert as i64, flush as i64))
+}

@@ -1,0 +1,44 @@
+//! The policy GUC `delayed_durability.mode`.
+
+use pgrx::guc::{GucContext, GucFlags, GucRegistry, GucSetting, PostgresGucEnum};
+
+/// SQL Server's database option DELAYED_DURABILITY, as a GUC.
+#[derive(PostgresGucEnum, Clone, Copy, PartialEq, Eq, Debug)]
+pub enum Mode {
+    /// Every commit is durable, even when the transaction asks otherwise.
+    #[name = c"disabled"]
+    Disabled,
+    /// A transaction may opt in with commit_delayed() or synchronous_commit = off.
+    #[name = c"allowed"]
+    Allowed,
+    /// Every commit is delayed (unless PostgreSQL itself forces it durable).
+    #[name = c"forced"]
+    Forced,
+}
+
+pub static MODE: GucSetting<Mode> = GucSetting::<Mode>::new(Mode::Disabled);
+
+pub fn define() {
+    GucRegistry::define_enum_guc(
+        c"delayed_durability.mode",
+        c"Delayed durability policy: disabled, allowed or forced.",
+        c"disabled makes every commit durable (synchronous_commit = off is raised to on); \
+allowed lets a transaction opt in with commit_delayed() or synchronous_commit = off; \
+forced delays every commit that PostgreSQL does not itself force durable.",
+        &MODE,
+        // Superuser-only: a non-superuser must not be able to weaken durability.
+        GucContext::Suset,
+        GucFlags::default(),
+    );
+    // SAFETY: called once from _PG_init in the postmaster, with a static C string.
+    unsafe {
+        #[cfg(not(any(feature = "pg13", feature = "pg14")))]
+        pgrx::pg_sys::MarkGUCPrefixReserved(c"delayed_durability".as_ptr());
+        #[cfg(any(feature = "pg13", feature = "pg14"))]
+        pgrx::pg_sys::EmitWarningsOnPlaceholders(c"delayed_durability".as_ptr());
+    }
+}
+
+pub fn mode() -> Mode {
+    MODE.get()
+}

@@ -1,0 +1,85 @@
+//! delayed_durability: SQL Server's delayed durability model for PostgreSQL.
+//!
+//! This file only wires the modules together: GUCs, hooks and shared memory
+//! are set up in `_PG_init`, the way contrib modules such as
+//! pg_stat_statements do it.
+
+use pgrx::prelude::*;
+
+mod commit;
+mod flush;
+mod guc;
+mod preload;
+mod stats;
+
+pgrx::pg_module_magic!();
+
+/// Runs when the library is loaded. Everything that needs the postmaster
+/// (shared memory, hooks inherited by every backend) only happens when the
+/// library is listed in `shared_preload_libraries`; otherwise the SQL
+/// functions refuse to run and say how to fix it (see `preload.rs`).
+#[pg_guard]
+pub extern "C-unwind" fn _PG_init() {
+    // SAFETY: reading a postmaster-set global from the single backend thread.
+    let preloading = unsafe { pg_sys::process_shared_preload_libraries_in_progress };
+    if !preloading {
+        return;
+    }
+    guc::define();
+    stats::request_shared_memory();
+    commit::install_hooks();
+    preload::mark_preloaded();
+}
+
+// The objects CREATE EXTENSION makes beyond the functions pgrx generates:
+// the statistics view and the SQL-level wrappers.
+pgrx::extension_sql!(
+    r#"
+CREATE VIEW delayed_durability_stats AS
+    SELECT s.datid,
+           d.datname,
+           s.commits_durable,
+           s.commits_delayed,
+           s.delayed_requests_ignored,
+           s.commits_forced_durable,
+           s.flush_log_calls,
+           s.stats_reset
+      FROM delayed_durability_stats_per_database() AS s
+      JOIN pg_catalog.pg_database AS d ON d.oid = s.datid;
+
+GRANT SELECT ON delayed_durability_stats TO PUBLIC;
+
+CREATE FUNCTION delayed_durability_status(
+    OUT insert_lsn pg_lsn,
+    OUT flush_lsn pg_lsn,
+    OUT bytes_at_risk bigint,
+    OUT wal_flushes bigint)
+RETURNS record
+LANGUAGE sql VOLATILE PARALLEL SAFE
+AS $$
+    SELECT '0/0'::pg_lsn + p.insert_end::numeric,
+           '0/0'::pg_lsn + p.flush_end::numeric,
+           greatest(p.insert_end - p.flush_end, 0),
+           (SELECT w.wal_sync FROM pg_catalog.pg_stat_wal AS w)
+      FROM delayed_durability_wal_positions() AS p
+$$;
+
+REVOKE ALL ON FUNCTION delayed_durability_stats_reset() FROM PUBLIC;
+"#,
+    name = "views_and_wrappers",
+    finalize,
+);
+
+#[cfg(any(test, feature = "pg_test"))]
+#[pg_schema]
+mod tests {}
+
+/// Required by `cargo pgrx test`.
+#[cfg(test)]
+pub mod pg_test {
+    pub fn setup(_options: Vec<&str>) {}
+
+    pub fn postgresql_conf_options() -> Vec<&'static str> {
+        vec!["shared_preload_libraries = 'delayed_durability'"]
+    }
+}

@@ -1,0 +1,216 @@
+//! Cumulative per-database counters in shared memory.
+//!
+//! One fixed slot per database, claimed lock-free on first use and kept until
+//! the server restarts (like pg_stat_statements, the counters are not written
+//! to disk). Increments are relaxed atomic adds: the commit path takes no lock.
+
+use pgrx::prelude::*;
+use std::cell::Cell;
+use std::sync::atomic::{AtomicI64, AtomicU32, AtomicU64, Ordering};
+
+/// Databases beyond this many get no row (documented in README).
+const MAX_DATABASES: usize = 1024;
+
+#[derive(Clone, Copy)]
+#[repr(usize)]
+pub enum Counter {
+    CommitsDurable,
+    CommitsDelayed,
+    DelayedRequestsIgnored,
+    CommitsForcedDurable,
+    FlushLogCalls,
+}
+const COUNTERS: usize = Counter::FlushLogCalls as usize + 1;
+
+#[repr(C)]
+struct DatabaseSlot {
+    /// InvalidOid (0) while the slot is free.
+    datid: AtomicU32,
+    counters: [AtomicU64; COUNTERS],
+    stats_reset: AtomicI64,
+}
+
+#[repr(C)]
+struct SharedStats {
+    slots: [DatabaseSlot; MAX_DATABASES],
+}
+
+struct BackendLocal {
+    shared: Cell<*mut SharedStats>,
+    my_slot: Cell<Option<usize>>,
+}
+// SAFETY: a PostgreSQL backend runs this code on one thread only.
+unsafe impl Sync for BackendLocal {}
+static LOCAL: BackendLocal = BackendLocal {
+    shared: Cell::new(std::ptr::null_mut()),
+    my_slot: Cell::new(None),
+};
+
+static mut PREV_SHMEM_STARTUP_HOOK: pg_sys::shmem_startup_hook_type = None;
+#[cfg(not(any(feature = "pg13", feature = "pg14")))]
+static mut PREV_SHMEM_REQUEST_HOOK: pg_sys::shmem_request_hook_type = None;
+
+/// Asks the postmaster for the counters' shared memory (from _PG_init).
+pub fn request_shared_memory() {
+    // SAFETY: _PG_init runs in the postmaster before any backend exists;
+    // hooks are saved and chained as contrib modules do.
+    unsafe {
+        #[cfg(not(any(feature = "pg13", feature = "pg14")))]
+        {
+            PREV_SHMEM_REQUEST_HOOK = pg_sys::shmem_request_hook;
+            pg_sys::shmem_request_hook = Some(shmem_request);
+        }
+        #[cfg(any(feature = "pg13", feature = "pg14"))]
+        pg_sys::RequestAddinShmemSpace(std::mem::size_of::<SharedStats>());
+        PREV_SHMEM_STARTUP_HOOK = pg_sys::shmem_startup_hook;
+        pg_sys::shmem_startup_hook = Some(shmem_startup);
+    }
+}
+
+#[cfg(not(any(feature = "pg13", feature = "pg14")))]
+#[pg_guard]
+unsafe extern "C-unwind" fn shmem_request() {
+    // SAFETY: called by the postmaster at the point where add-ins may request space.
+    unsafe {
+        if let Some(prev) = PREV_SHMEM_REQUEST_HOOK {
+            prev();
+        }
+        pg_sys::RequestAddinShmemSpace(std::mem::size_of::<SharedStats>());
+    }
+}
+
+#[pg_guard]
+unsafe extern "C-unwind" fn shmem_startup() {
+    // SAFETY: the standard ShmemInitStruct protocol under AddinShmemInitLock;
+    // the struct is plain atomics, valid when zeroed.
+    unsafe {
+        if let Some(prev) = PREV_SHMEM_STARTUP_HOOK {
+            prev();
+        }
+        let lock = &raw mut (*pg_sys::MainLWLockArray.add(21)).lock; // AddinShmemInitLock
+        pg_sys::LWLockAcquire(lock, pg_sys::LWLockMode::LW_EXCLUSIVE);
+        let mut found = false;
+        let ptr = pg_sys::ShmemInitStruct(
+            c"delayed_durability statistics".as_ptr(),
+            std::mem::size_of::<SharedStats>(),
+            &mut found,
+        ) as *mut SharedStats;
+        if !found {
+            std::ptr::write_bytes(ptr as *mut u8, 0, std::mem::size_of::<SharedStats>());
+        }
+        pg_sys::LWLockRelease(lock);
+        LOCAL.shared.set(ptr);
+    }
+}
+
+fn shared() -> Option<&'static SharedStats> {
+    let ptr = LOCAL.shared.get();
+    // SAFETY: set once at shared memory startup, valid for the server's life.
+    unsafe { ptr.as_ref() }
+}
+
+/// This backend's database slot, claimed on first use.
+fn my_slot() -> Option<&'static DatabaseSlot> {
+    let shared = shared()?;
+    if let Some(i) = LOCAL.my_slot.get() {
+        return Some(&shared.slots[i]);
+    }
+    // SAFETY: MyDatabaseId is set once the backend is connected.
+    let datid = unsafe { pg_sys::MyDatabaseId }.to_u32();
+    if datid == 0 {
+        return None;
+    }
+    // Every backend scans in the same order and claims the first free slot,
+    // so two racing backends of one database settle on the same slot.
+    for (i, slot) in shared.slots.iter().enumerate() {
+        let owner = match slot
+            .datid
+            .compare_exchange(0, datid, Ordering::AcqRel, Ordering::Acquire)
+        {
+            Ok(_) => {
+                slot.stats_reset.store(now(), Ordering::Relaxed);
+                datid
+            }
+            Err(current) => current,
+        };
+        if owner == datid {
+            LOCAL.my_slot.set(Some(i));
+            return Some(slot);
+        }
+    }
+    None
+}
+
+fn now() -> i64 {
+    // SAFETY: reads the clock; no PostgreSQL state involved.
+    unsafe { pg_sys::GetCurrentTimestamp() }
+}
+
+/// Adds one to a counter of the current database. Never errors: it runs
+/// after the commit record is written.
+#[inline]
+pub fn count(counter: Counter) {
+    if let Some(slot) = my_slot() {
+        slot.counters[counter as usize].fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+/// One row per database that has counted anything; the view
+/// `delayed_durability_stats` joins it with pg_database.
+#[pg_extern(volatile, parallel_safe)]
+fn delayed_durability_stats_per_database() -> TableIterator<
+    'static,
+    (
+        name!(datid, pg_sys::Oid),
+        name!(commits_durable, i64),
+        name!(commits_delayed, i64),
+        name!(delayed_requests_ignored, i64),
+        name!(commits_forced_durable, i64),
+        name!(flush_log_calls, i64),
+        name!(stats_reset, Option<TimestampWithTimeZone>),
+    ),
+> {
+    crate::preload::require_preloaded();
+    let rows: Vec<_> = shared()
+        .map(|s| {
+            s.slots
+                .iter()
+                .filter(|slot| slot.datid.load(Ordering::Acquire) != 0)
+                .map(|slot| {
+                    let c = |k: Counter| slot.counters[k as usize].load(Ordering::Relaxed) as i64;
+                    (
+                        pg_sys::Oid::from(slot.datid.load(Ordering::Relaxed)),
+                        c(Counter::CommitsDurable),
+                        c(Counter::CommitsDelayed),
+                        c(Counter::DelayedRequestsIgnored),
+                        c(Counter::CommitsForcedDurable),
+                        c(Counter::FlushLogCalls),
+                        TimestampWithTimeZone::try_from(slot.stats_reset.load(Ordering::Relaxed))
+                            .ok(),
+                    )
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    TableIterator::new(rows)
+}
+
+/// Zeroes every database's counters. Superuser-only by default: the
+/// extension script revokes EXECUTE from PUBLIC.
+#[pg_extern(volatile, parallel_unsafe)]
+fn delayed_durability_stats_reset() {
+    crate::preload::require_preloaded();
+    if let Some(s) = shared() {
+        let reset_at = now();
+        for slot in s
+            .slots
+            .iter()
+            .filter(|slot| slot.datid.load(Ordering::Acquire) != 0)
+        {
+            for counter in &slot.counters {
+                counter.store(0, Ordering::Relaxed);
+            }
+            slot.stats_reset.store(reset_at, Ordering::Relaxed);
+        }
+    }
+}
