@@ -1,0 +1,68 @@
+#!/usr/bin/env bash
+# The whole test suite: installs what it needs, builds and installs the
+# extension, runs the pg_regress tests (sql/, expected/) and the Perl TAP
+# tests (t/*.pl) as the postgres user. Run as root on Debian 12.
+#   bash scripts/test.sh            everything
+#   bash scripts/test.sh --regress  only pg_regress
+#   bash scripts/test.sh --tap [t/NNN_x.pl ...]  only TAP (all or the named files)
+set -euo pipefail
+source "$(dirname "$0")/common.sh"
+
+run_regress=1 run_tap=1 tap_files=()
+case "${1:-}" in
+    --regress) run_tap=0 ;;
+    --tap) run_regress=0; shift; tap_files=("$@") ;;
+    "") ;;
+    *) echo "usage: $0 [--regress | --tap [t/file.pl ...]]" >&2; exit 2 ;;
+esac
+
+install_dependencies
+build_and_install
+
+passed=0 failed=0
+work=$(postgres_workdir test)
+cp -r "$REPO_ROOT/sql" "$REPO_ROOT/expected" "$REPO_ROOT/t" "$REPO_ROOT/pgbench" "$work/"
+chown -R postgres: "$work"
+
+if [ $run_regress = 1 ]; then
+    log "pg_regress"
+    # Order matters: the first test creates the extension.
+    tests="mode commit_delayed flush_log"
+    count=$(echo $tests | wc -w)
+    if (cd "$work" && as_postgres "$PGXS/src/test/regress/pg_regress" \
+            --temp-instance="$work/regress_instance" --temp-config="$work/sql/regress.conf" \
+            --bindir="$PGBIN" --port=54391 --inputdir="$work" --outputdir="$work" \
+            $tests); then
+        passed=$((passed + count))
+    else
+        f=$(grep -cE '^(not ok|test .* FAILED|.* \.\.\. FAILED)' "$work/regression.out" 2>/dev/null || true)
+        [ "${f:-0}" -gt 0 ] || f=$count
+        failed=$((failed + f)); passed=$((passed + count - f))
+        echo "--- regression.diffs ---"; cat "$work/regression.diffs" || true
+    fi
+fi
+
+if [ $run_tap = 1 ]; then
+    log "TAP tests (prove)"
+    if [ ${#tap_files[@]} -eq 0 ]; then
+        tap_files=($(cd "$REPO_ROOT" && ls t/*.pl))
+    fi
+    mkdir -p "$work/tap"; chown postgres: "$work/tap"
+    set +e
+    (cd "$work" && as_postgres env PATH="$PGBIN:$PATH" \
+        PERL5LIB="$PGXS/src/test/perl:$work/t" \
+        PG_REGRESS="$PGXS/src/test/regress/pg_regress" \
+        TESTDIR="$work/tap" REPO_WORK="$work" \
+        prove -v "${tap_files[@]}") 2>&1 | tee "$work/prove.log"
+    prove_status=${PIPESTATUS[0]}
+    set -e
+    ok=$(grep -c '^ok ' "$work/prove.log" || true)
+    bad=$(grep -c '^not ok ' "$work/prove.log" || true)
+    passed=$((passed + ok)); failed=$((failed + bad))
+    if [ "$prove_status" != 0 ] && [ "$bad" = 0 ]; then failed=$((failed + 1)); fi
+fi
+
+echo
+echo "test results: $passed passed, $failed failed"
+echo "(logs in $work)"
+[ "$failed" = 0 ]
