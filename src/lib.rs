@@ -36,16 +36,16 @@ pub extern "C-unwind" fn _PG_init() {
 pgrx::extension_sql!(
     r#"
 CREATE VIEW delayed_durability_stats AS
-    SELECT s.datid,
+    SELECT d.oid AS datid,
            d.datname,
-           s.commits_durable,
-           s.commits_delayed,
-           s.delayed_requests_ignored,
-           s.commits_forced_durable,
-           s.flush_log_calls,
+           coalesce(s.commits_durable, 0) AS commits_durable,
+           coalesce(s.commits_delayed, 0) AS commits_delayed,
+           coalesce(s.delayed_requests_ignored, 0) AS delayed_requests_ignored,
+           coalesce(s.commits_forced_durable, 0) AS commits_forced_durable,
+           coalesce(s.flush_log_calls, 0) AS flush_log_calls,
            s.stats_reset
-      FROM delayed_durability_stats_per_database() AS s
-      JOIN pg_catalog.pg_database AS d ON d.oid = s.datid;
+      FROM pg_catalog.pg_database AS d
+      LEFT JOIN delayed_durability_stats_per_database() AS s ON s.datid = d.oid;
 
 GRANT SELECT ON delayed_durability_stats TO PUBLIC;
 

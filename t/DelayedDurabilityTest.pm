@@ -1,0 +1,75 @@
+# Helpers shared by the TAP tests: a node with the extension preloaded and
+# wide WAL-writer windows, and independent WAL position checks.
+package DelayedDurabilityTest;
+
+use strict;
+use warnings;
+use Exporter 'import';
+use PostgreSQL::Test::Cluster;
+use PostgreSQL::Test::Utils;
+use Test::More;
+
+our @EXPORT = qw(new_dd_node commits_with_check count_true rows_in);
+
+# fsync is on (the test framework turns it off by default): WAL fsyncs are
+# what is measured. The WAL writer flushes at most every wal_writer_delay (10s, its maximum)
+# and never because of volume (wal_writer_flush_after = 1GB); nothing else
+# in the background writes dirty buffers or checkpoints. A delayed commit
+# therefore stays unflushed for seconds, long enough to observe it.
+sub new_dd_node
+{
+	my ($name, %opts) = @_;
+	my $node = PostgreSQL::Test::Cluster->new($name);
+	$node->init(%{ $opts{init} // {} });
+	$node->append_conf('postgresql.conf', qq{
+shared_preload_libraries = 'delayed_durability'
+fsync = on
+max_prepared_transactions = 10
+wal_writer_delay = 10s
+wal_writer_flush_after = 1GB
+bgwriter_lru_maxpages = 0
+checkpoint_timeout = 1h
+autovacuum = off
+} . ($opts{conf} // ''));
+	$node->start;
+	for my $db ('template1', 'postgres')
+	{
+		$node->safe_psql($db, q{
+CREATE EXTENSION delayed_durability;
+-- End of the WAL inserted so far, computed independently of the extension:
+-- pg_current_wal_insert_lsn() points past the page header when the last
+-- record ended exactly on a page (24-byte header) or segment (40) boundary.
+CREATE FUNCTION wal_end() RETURNS pg_lsn LANGUAGE sql VOLATILE AS $$
+  SELECT CASE
+    WHEN (i - '0/0'::pg_lsn) % pg_size_bytes(current_setting('wal_segment_size')) = 40 THEN i - 40
+    WHEN (i - '0/0'::pg_lsn) % 8192 = 24 THEN i - 24
+    ELSE i END
+  FROM (SELECT pg_current_wal_insert_lsn() AS i) AS s $$;
+CREATE FUNCTION flushed() RETURNS boolean LANGUAGE sql VOLATILE AS $$
+  SELECT pg_current_wal_flush_lsn() >= wal_end() $$;
+});
+	}
+	return $node;
+}
+
+# Runs one psql session in which each element of @$statements is its own
+# transaction, each followed by SELECT flushed(). Returns the list of
+# booleans: was the WAL flushed up to that commit right after it returned?
+sub commits_with_check
+{
+	my ($node, $db, $setup, $statements) = @_;
+	my $script = ($setup // '') . "\n";
+	$script .= "$_\nSELECT 'flushed=' || flushed()::int;\n" for @$statements;
+	my $out = $node->safe_psql($db, $script);
+	return map { /^flushed=1$/ ? 1 : 0 } grep { /^flushed=/ } split /\n/, $out;
+}
+
+sub count_true { my $n = 0; $n += $_ for @_; return $n; }
+
+sub rows_in
+{
+	my ($node, $db, $where) = @_;
+	return $node->safe_psql($db, "SELECT count(*) FROM t WHERE $where");
+}
+
+1;
