@@ -1,0 +1,138 @@
+"""Throwaway PostgreSQL clusters for the experiments and benchmarks.
+
+Runs as root and starts every server as the postgres user (PostgreSQL
+refuses root), in a directory that user owns. Nothing here depends on a
+Python package outside the standard library.
+"""
+import os
+import shutil
+import subprocess
+import tempfile
+import time
+
+PGBIN = "/usr/lib/postgresql/15/bin"
+
+BASE_CONF = """
+listen_addresses = ''
+fsync = on
+synchronous_commit = on
+max_connections = 50
+shared_buffers = 256MB
+max_wal_size = 4GB
+checkpoint_timeout = 30min
+autovacuum = off
+max_prepared_transactions = 10
+"""
+
+
+def as_postgres(args, **kw):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RUST_")}
+    if os.geteuid() == 0:
+        args = ["runuser", "-u", "postgres", "--"] + list(args)
+    return subprocess.run(args, env=env, **kw)
+
+
+class Cluster:
+    """One initdb'ed, started cluster; stop() removes it."""
+
+    def __init__(self, name, port, preload=True, conf="", wal_segsize_mb=None, root=None):
+        self.name = name
+        self.port = port
+        self.dir = tempfile.mkdtemp(prefix=f"dd-{name}-", dir=root or "/tmp")
+        os.chmod(self.dir, 0o755)
+        shutil.chown(self.dir, "postgres") if os.geteuid() == 0 else None
+        self.data = os.path.join(self.dir, "data")
+        initdb = [f"{PGBIN}/initdb", "-D", self.data, "--auth=trust", "--no-sync", "-U", "postgres"]
+        if wal_segsize_mb:
+            initdb.append(f"--wal-segsize={wal_segsize_mb}")
+        as_postgres(initdb, check=True, stdout=subprocess.DEVNULL)
+        extra = BASE_CONF + f"port = {port}\nunix_socket_directories = '{self.dir}'\n"
+        if preload:
+            extra += "shared_preload_libraries = 'delayed_durability'\n"
+        with open(os.path.join(self.data, "postgresql.conf"), "a") as f:
+            f.write(extra + conf + "\n")
+        self.start()
+
+    def start(self):
+        as_postgres([f"{PGBIN}/pg_ctl", "-D", self.data, "-l", os.path.join(self.dir, "log"), "-w", "start"],
+                    check=True, stdout=subprocess.DEVNULL)
+
+    def restart(self):
+        as_postgres([f"{PGBIN}/pg_ctl", "-D", self.data, "-w", "-m", "fast", "restart"],
+                    check=True, stdout=subprocess.DEVNULL)
+
+    def stop(self, remove=True):
+        as_postgres([f"{PGBIN}/pg_ctl", "-D", self.data, "-w", "-m", "fast", "stop"],
+                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        if remove:
+            shutil.rmtree(self.dir, ignore_errors=True)
+
+    def psql(self, sql, db="postgres"):
+        """Runs a script (statements separated as psql does) and returns
+        the unaligned, tuples-only output lines."""
+        r = as_postgres([f"{PGBIN}/psql", "-XAtq", "-v", "ON_ERROR_STOP=1", "-h", self.dir, "-p",
+                         str(self.port), "-d", db, "-f", "-"],
+                        input=sql, capture_output=True, text=True)
+        if r.returncode != 0:
+            raise RuntimeError(f"psql failed on {self.name}: {r.stderr.strip()}\n--- script ---\n{sql[:2000]}")
+        return [line for line in r.stdout.splitlines() if line != ""]
+
+    def value(self, sql, db="postgres"):
+        return self.psql(sql, db)[-1]
+
+    def pgbench(self, script_path, clients, seconds=None, transactions=None, db="postgres", defines=()):
+        """Runs pgbench and returns (tps, transactions processed)."""
+        args = [f"{PGBIN}/pgbench", "-n", "-h", self.dir, "-p", str(self.port), "-c", str(clients),
+                "-j", str(min(clients, 2)), "-f", script_path]
+        args += ["-T", str(seconds)] if seconds else ["-t", str(transactions)]
+        for d in defines:
+            args += ["-D", d]
+        args.append(db)
+        r = as_postgres(args, capture_output=True, text=True)
+        if r.returncode != 0:
+            raise RuntimeError(f"pgbench failed: {r.stderr.strip()}")
+        tps = processed = None
+        for line in r.stdout.splitlines():
+            if line.startswith("tps =") and tps is None:
+                tps = float(line.split()[2])
+            if "number of transactions actually processed" in line:
+                processed = int(line.split(":")[1].split("/")[0])
+        return tps, processed
+
+
+# Measures one piece of work: server clock around it only, and WAL fsyncs as
+# the pg_stat_wal.wal_sync delta. Statistics are forced out before reading
+# (backends publish them when idle, pg_stat_force_next_flush() makes the next
+# idle moment publish at once), and all in one session so the working
+# backend's own fsyncs are counted.
+MEASURE_TEMPLATE = """
+{setup}
+SELECT pg_stat_force_next_flush();
+SELECT wal_sync AS s0 FROM pg_stat_wal \\gset
+SELECT clock_timestamp() AS t0 \\gset
+{work}
+SELECT extract(epoch FROM clock_timestamp() - :'t0') AS secs \\gset
+SELECT pg_stat_force_next_flush();
+SELECT 'result ' || :secs || ' ' || (wal_sync - :s0) FROM pg_stat_wal;
+"""
+
+
+def measure(cluster, work, setup="", db="postgres"):
+    """Returns (seconds, wal_fsyncs) for the SQL in `work`."""
+    out = cluster.psql(MEASURE_TEMPLATE.format(setup=setup, work=work), db)
+    _, secs, syncs = out[-1].split()
+    return float(secs), int(syncs)
+
+
+def wal_sync_total(cluster):
+    return int(cluster.value("SELECT pg_stat_force_next_flush();\nSELECT wal_sync FROM pg_stat_wal;"))
+
+
+class Progress:
+    """Prints which step runs and the elapsed time, for long runs."""
+
+    def __init__(self):
+        self.start = time.monotonic()
+
+    def __call__(self, msg):
+        print(f"[{time.monotonic() - self.start:7.1f}s] {msg}", flush=True)
