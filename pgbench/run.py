@@ -28,7 +28,7 @@ SCALES = {
     # rows for exp 1, rows for exp 2, values for exp 3, (clients, iterations,
     # rows per iteration) for exp 4, pgbench seconds for exp 5, rows for exp 6
     "tiny": dict(e1=300, e2=1000, e3=1000, e4=(5, 4, 20), e5=2, e6=2000),
-    "quick": dict(e1=20000, e2=20000, e3=100000, e4=(5, 20, 100), e5=5, e6=100000),
+    "quick": dict(e1=100000, e2=200000, e3=200000, e4=(5, 100, 100), e5=5, e6=300000),
     "full": dict(e1=100000, e2=1000000, e3=1000000, e4=(5, 200, 100), e5=30, e6=3000000),
 }
 
