@@ -27,7 +27,7 @@ chown -R postgres: "$work"
 if [ $run_regress = 1 ]; then
     log "pg_regress"
     # Order matters: the first test creates the extension.
-    tests="mode commit_delayed flush_log"
+    tests="mode commit_delayed flush_log sequence"
     count=$(echo $tests | wc -w)
     if (cd "$work" && as_postgres "$PGXS/src/test/regress/pg_regress" \
             --temp-instance="$work/regress_instance" --temp-config="$work/sql/regress.conf" \

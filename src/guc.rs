@@ -30,6 +30,11 @@ forced delays every commit that PostgreSQL does not itself force durable.",
         GucContext::Suset,
         GucFlags::default(),
     );
+}
+
+/// Called after every GUC of the extension is defined: settings of this
+/// prefix that match no GUC become errors, and placeholders are removed.
+pub fn reserve_prefix() {
     // SAFETY: called once from _PG_init in the postmaster, with a static C string.
     unsafe {
         #[cfg(not(any(feature = "pg13", feature = "pg14")))]

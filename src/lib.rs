@@ -10,6 +10,7 @@ mod commit;
 mod flush;
 mod guc;
 mod preload;
+mod sequence;
 mod stats;
 
 pgrx::pg_module_magic!();
@@ -26,7 +27,10 @@ pub extern "C-unwind" fn _PG_init() {
         return;
     }
     guc::define();
+    sequence::define_gucs();
+    guc::reserve_prefix();
     stats::request_shared_memory();
+    sequence::request_shared_memory();
     commit::install_hooks();
     preload::mark_preloaded();
 }
@@ -43,6 +47,9 @@ CREATE VIEW delayed_durability_stats AS
            coalesce(s.delayed_requests_ignored, 0) AS delayed_requests_ignored,
            coalesce(s.commits_forced_durable, 0) AS commits_forced_durable,
            coalesce(s.flush_log_calls, 0) AS flush_log_calls,
+           coalesce(s.sequence_values, 0) AS sequence_values,
+           coalesce(s.sequence_recovery_writes, 0) AS sequence_recovery_writes,
+           coalesce(s.sequence_flushes, 0) AS sequence_flushes,
            s.stats_reset
       FROM pg_catalog.pg_database AS d
       LEFT JOIN delayed_durability_stats_per_database() AS s ON s.datid = d.oid;

@@ -19,8 +19,11 @@ pub enum Counter {
     DelayedRequestsIgnored,
     CommitsForcedDurable,
     FlushLogCalls,
+    SequenceValues,
+    SequenceRecoveryWrites,
+    SequenceFlushes,
 }
-const COUNTERS: usize = Counter::FlushLogCalls as usize + 1;
+const COUNTERS: usize = Counter::SequenceFlushes as usize + 1;
 
 #[repr(C)]
 struct DatabaseSlot {
@@ -167,6 +170,9 @@ fn delayed_durability_stats_per_database() -> TableIterator<
         name!(delayed_requests_ignored, i64),
         name!(commits_forced_durable, i64),
         name!(flush_log_calls, i64),
+        name!(sequence_values, i64),
+        name!(sequence_recovery_writes, i64),
+        name!(sequence_flushes, i64),
         name!(stats_reset, Option<TimestampWithTimeZone>),
     ),
 > {
@@ -185,6 +191,9 @@ fn delayed_durability_stats_per_database() -> TableIterator<
                         c(Counter::DelayedRequestsIgnored),
                         c(Counter::CommitsForcedDurable),
                         c(Counter::FlushLogCalls),
+                        c(Counter::SequenceValues),
+                        c(Counter::SequenceRecoveryWrites),
+                        c(Counter::SequenceFlushes),
                         TimestampWithTimeZone::try_from(slot.stats_reset.load(Ordering::Relaxed))
                             .ok(),
                     )
