@@ -31,6 +31,7 @@ pub extern "C-unwind" fn _PG_init() {
     guc::reserve_prefix();
     stats::request_shared_memory();
     sequence::request_shared_memory();
+    sequence::register_invalidation_callback();
     commit::install_hooks();
     preload::mark_preloaded();
 }

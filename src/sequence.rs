@@ -194,13 +194,10 @@ impl LockGuard {
 }
 impl Drop for LockGuard {
     fn drop(&mut self) {
-        // SAFETY: we hold it (Drop does not run on PostgreSQL's longjmp path,
-        // where abort releases it instead).
-        unsafe {
-            if pg_sys::LWLockHeldByMe(self.0) {
-                pg_sys::LWLockRelease(self.0);
-            }
-        }
+        // SAFETY: acquired in exclusive(); a PostgreSQL error raised while it
+        // is held reaches us as a Rust panic, which runs this before the
+        // error is re-thrown, so it is released exactly once.
+        unsafe { pg_sys::LWLockRelease(self.0) };
     }
 }
 
@@ -274,7 +271,57 @@ fn find_slot(s: &Shared, key: u64) -> usize {
     unreachable!()
 }
 
+/// Sequence options already read in this backend, forgotten whenever any
+/// pg_sequence row is invalidated (ALTER SEQUENCE, DROP, rolled-back DDL).
+struct OptionsCache(std::cell::RefCell<Option<std::collections::HashMap<u32, Options>>>);
+// SAFETY: a PostgreSQL backend runs this code on one thread only.
+unsafe impl Sync for OptionsCache {}
+static OPTIONS_CACHE: OptionsCache = OptionsCache(std::cell::RefCell::new(None));
+
+#[pg_guard]
+unsafe extern "C-unwind" fn forget_sequence_options(
+    _arg: pg_sys::Datum,
+    _cache_id: i32,
+    _hash: u32,
+) {
+    if let Ok(mut cache) = OPTIONS_CACHE.0.try_borrow_mut() {
+        if let Some(map) = cache.as_mut() {
+            map.clear();
+        }
+    }
+}
+
+/// Registered in the postmaster; backends inherit the callback.
+pub fn register_invalidation_callback() {
+    // SAFETY: documented syscache callback API, called once from _PG_init.
+    unsafe {
+        pg_sys::CacheRegisterSyscacheCallback(
+            pg_sys::SysCacheIdentifier::SEQRELID as i32,
+            Some(forget_sequence_options),
+            pg_sys::Datum::from(0),
+        );
+    }
+}
+
 fn sequence_options(relid: pg_sys::Oid) -> Options {
+    if let Some(options) = OPTIONS_CACHE
+        .0
+        .borrow()
+        .as_ref()
+        .and_then(|m| m.get(&relid.to_u32()).copied())
+    {
+        return options;
+    }
+    let options = read_sequence_options(relid);
+    OPTIONS_CACHE
+        .0
+        .borrow_mut()
+        .get_or_insert_with(Default::default)
+        .insert(relid.to_u32(), options);
+    options
+}
+
+fn read_sequence_options(relid: pg_sys::Oid) -> Options {
     // SAFETY: syscache lookup of pg_sequence by the sequence's OID; the tuple
     // is released before returning.
     unsafe {
@@ -421,7 +468,9 @@ fn check_privileges(rel: pg_sys::Relation, relid: pg_sys::Oid) {
             )
             .report(PgLogLevel::ERROR);
         }
-        if (*(*rel).rd_rel).relpersistence as u8 != pg_sys::RELPERSISTENCE_TEMP {
+        if pg_sys::XactReadOnly
+            && (*(*rel).rd_rel).relpersistence as u8 != pg_sys::RELPERSISTENCE_TEMP
+        {
             pg_sys::PreventCommandIfReadOnly(c"cached_nextval()".as_ptr());
         }
         pg_sys::PreventCommandIfParallelMode(c"cached_nextval()".as_ptr());
