@@ -141,14 +141,41 @@ def exp3_sequences(c, scale, log):
                     rows.append(dict(durability=mode, sequence=kind, cache=cache, function=fn, values=n,
                                      seconds=secs, flushes=syncs, flushes_per_row=round(syncs / n, 4),
                                      article_flushes=af, article_seconds=asec))
+    # Throughput against native nextval at CACHE 10000, one call per
+    # transaction and a million calls in one statement, side by side.
+    c.psql("DROP SEQUENCE IF EXISTS tput_cached, tput_native; "
+           "CREATE SEQUENCE tput_cached CACHE 10000; CREATE SEQUENCE tput_native CACHE 10000;")
+    tput = []
+    for fn, seq in (("nextval", "tput_native"), ("cached_nextval", "tput_cached")):
+        script = os.path.join(c.dir, f"{fn}.sql")
+        with open(script, "w") as f:
+            f.write(f"SELECT {fn}('{seq}');\n")
+        os.chmod(script, 0o644)
+        for clients in (1, 4):
+            log(f"exp 3: throughput, {fn}, {clients} client(s)")
+            tps, _ = c.pgbench(script, clients, seconds=scale["e5"])
+            tput.append(dict(function=fn, workload=f"pgbench, {clients} client(s), 1 call per transaction",
+                             calls_per_second=round(tps)))
+        log(f"exp 3: throughput, {fn}, {n} calls in one statement")
+        secs, _ = measure(c, f"SELECT count({fn}('{seq}')) FROM generate_series(1, {n});")
+        tput.append(dict(function=fn, workload=f"{n} calls in one statement", calls_per_second=round(n / secs)))
+    by = {(r["function"], r["workload"]): r["calls_per_second"] for r in tput}
+    ratio_notes = []
+    for workload in dict.fromkeys(r["workload"] for r in tput):
+        ratio = by[("cached_nextval", workload)] / max(by[("nextval", workload)], 1)
+        ratio_notes.append(f"cached_nextval / nextval throughput, {workload}: {ratio:.2f}x (goal 0.9x).")
+    scaling = by[("cached_nextval", "pgbench, 4 client(s), 1 call per transaction")] / max(
+        by[("cached_nextval", "pgbench, 1 client(s), 1 call per transaction")], 1)
+    ratio_notes.append(f"cached_nextval scaling from 1 to 4 clients: {scaling:.2f}x.")
     return dict(title="3. Sequences",
                 columns=["durability", "sequence", "cache", "function", "values", "seconds", "flushes",
                          "flushes_per_row", "article_seconds", "article_flushes"],
                 rows=rows,
                 notes=["cached_nextval() writes a recovery value and flushes once per CACHE values in every mode "
                        "(the article's SQL Server behaviour); native nextval() never flushes, which is why it can "
-                       "hand a value out twice after a crash under asynchronous commit. Article seconds shown as "
-                       "0.5 mean '<1'."],
+                       "hand a value out twice after a crash under asynchronous commit. Temporary sequences "
+                       "never flush. Article seconds shown as 0.5 mean '<1'."] + ratio_notes,
+                extra_tables=[("Throughput at CACHE 10000", ["function", "workload", "calls_per_second"], tput)],
                 chart=("bars", ("durability", "sequence", "cache", "function")))
 
 
@@ -382,6 +409,8 @@ def write_report(out, scale_name, results, skipped, elapsed):
                "`python3 pgbench/run.py --scale full` runs the articles' sizes.", ""]
     for exp_id, res in results:
         md += [f"## {res['title']}", "", markdown_table(res), ""]
+        for title, cols, rows in res.get("extra_tables", []):
+            md += [f"### {title}", "", markdown_table(dict(columns=cols, rows=rows)), ""]
         md += [f"- {n}" for n in res.get("notes", [])]
         if res.get("chart_file"):
             md += ["", f"![{res['title']}]({res['chart_file']})"]
@@ -424,8 +453,10 @@ def main():
             if draw_chart(res, os.path.join(args.out, chart)):
                 res["chart_file"] = chart
             results.append((exp_id, res))
-            print(f"\n## {res['title']}\n{markdown_table(res)}\n" + "\n".join(f"- {n}" for n in res["notes"]) + "\n",
-                  flush=True)
+            extra = "".join(f"\n### {t}\n{markdown_table(dict(columns=cl, rows=rw))}\n"
+                            for t, cl, rw in res.get("extra_tables", []))
+            print(f"\n## {res['title']}\n{markdown_table(res)}\n{extra}" + "\n".join(f"- {n}" for n in res["notes"])
+                  + "\n", flush=True)
     finally:
         c.stop()
     write_report(args.out, args.scale, results, skipped, time.monotonic() - log.start)

@@ -1,0 +1,84 @@
+# The experiment runner at a tiny scale: the report has every table and
+# chart, and its numbers are internally consistent.
+use strict;
+use warnings;
+use JSON::PP;
+use PostgreSQL::Test::Cluster;
+use PostgreSQL::Test::Utils;
+use Test::More;
+
+my $work = $ENV{REPO_WORK} or plan skip_all => 'REPO_WORK not set (run through scripts/test.sh)';
+my $out = PostgreSQL::Test::Utils::tempdir('report');
+my $port = PostgreSQL::Test::Cluster::get_free_port();
+my ($stdout, $stderr);
+my $ok = IPC::Run::run([ '/usr/bin/python3', "$work/pgbench/run.py", '--scale', 'tiny', '--out', $out,
+		'--port', $port ], '>', \$stdout, '2>', \$stderr);
+ok($ok, 'runner finished') or diag("stdout:\n$stdout\nstderr:\n$stderr");
+like($stdout, qr/exp 2: permanent table, durable/, 'progress shows experiment and row');
+
+my $report = slurp_file("$out/report.md");
+my $results = decode_json(slurp_file("$out/results.json"));
+my %r = %{ $results->{results} };
+
+for my $title ('1. Loop of single-row inserts', '2. Small vs big transactions', '3. Sequences',
+	'4. Concurrent workload', '6. WAL segment size')
+{
+	like($report, qr/^## \Q$title\E/m, "report has table: $title");
+}
+for my $id (sort keys %r)
+{
+	my $png = "$out/experiment$id.png";
+	ok(-s $png > 5000, "chart for experiment $id exists");
+	open my $fh, '<:raw', $png or die;
+	read $fh, my $magic, 8;
+	is($magic, "\x89PNG\r\n\x1a\n", "chart for experiment $id is a PNG");
+	like($report, qr/\Q(experiment$id.png)\E/, "chart $id embedded in the report");
+}
+for my $id (grep { !$r{$_} } 1 .. 6)
+{
+	like($report, qr/## Experiment $id: not available\n\n\S/, "experiment $id says why it is not available");
+}
+like($report, qr/article_seconds/, 'article figures printed beside ours');
+like($report, qr/ratio: ours [\d.]+x, article [\d.]+x/, 'ratios printed');
+
+# Experiment 1: durable commits flush once each, delayed ones far fewer.
+my ($durable1, $delayed1) = @{ $r{1}{rows} };
+cmp_ok($durable1->{flushes}, '>=', $durable1->{transactions}, 'exp 1: durable flushes >= transactions');
+cmp_ok($delayed1->{flushes}, '<', $durable1->{transactions} / 4, 'exp 1: delayed flushes far fewer');
+
+# Experiment 2.
+my %e2 = map { ("$_->{table}/$_->{durability}/$_->{transactions}" => $_) } @{ $r{2}{rows} };
+my $n = $e2{'permanent/durable/1'}{rows};
+cmp_ok($e2{"permanent/durable/$n"}{flushes}, '>=', $n, 'exp 2: durable per-row flushes >= transactions');
+cmp_ok($e2{"permanent/delayed/$n"}{flushes}, '<', $n / 4, 'exp 2: delayed per-row flushes far fewer');
+cmp_ok($e2{"temporary/durable/$n"}{flushes}, '<', $n / 4, 'exp 2: temporary table commits do not flush per row');
+cmp_ok($e2{'permanent/durable/1'}{flushes}, '<=', 5, 'exp 2: one big transaction, a handful of flushes');
+
+# Experiment 3: one flush per CACHE values for cached_nextval, none for temp.
+my %e3 = map { ("$_->{durability}/$_->{sequence}/$_->{cache}/$_->{function}" => $_) } @{ $r{3}{rows} };
+for my $mode ('durable', 'delayed')
+{
+	my $c1 = $e3{"$mode/permanent/1/cached_nextval"};
+	cmp_ok($c1->{flushes}, '>=', $c1->{values}, "exp 3 $mode: CACHE 1 flushes once per value");
+	my $c50 = $e3{"$mode/permanent/50/cached_nextval"};
+	cmp_ok($c50->{flushes}, '>=', $c50->{values} / 50, "exp 3 $mode: CACHE 50 at least values/50 flushes");
+	cmp_ok($c50->{flushes}, '<=', $c50->{values} / 50 + 3, "exp 3 $mode: CACHE 50 at most values/50 + 3");
+	cmp_ok($e3{"$mode/temporary/1/cached_nextval"}{flushes}, '<=', 2, "exp 3 $mode: temporary sequence does not flush");
+	cmp_ok($e3{"$mode/permanent/1/nextval"}{flushes}, '<=', 2, "exp 3 $mode: native nextval does not flush");
+}
+
+# Experiment 4: durable commits flush (group commit may share), delayed far fewer.
+my ($durable4, $delayed4) = @{ $r{4}{rows} };
+cmp_ok($durable4->{flushes}, '>', $delayed4->{flushes}, 'exp 4: durable run flushes more than the delayed one');
+
+# Experiment 6: same WAL volume, more segments with 1 MB segments.
+my %e6 = map { ("$_->{step}/$_->{wal_segment_mb}" => $_) } @{ $r{6}{rows} };
+for my $step ('insert', 'update', 'delete')
+{
+	my ($small, $big) = ($e6{"$step/1"}, $e6{"$step/64"});
+	cmp_ok(abs($small->{wal_mb} - $big->{wal_mb}), '<=', 0.2 * $big->{wal_mb} + 0.5,
+		"exp 6 $step: same WAL volume with both segment sizes");
+	cmp_ok($small->{segments_filled}, '>', $big->{segments_filled}, "exp 6 $step: more segments when they are small");
+}
+
+done_testing();
