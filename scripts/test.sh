@@ -53,6 +53,7 @@ if [ $run_tap = 1 ]; then
         PERL5LIB="$PGXS/src/test/perl:$work/t" \
         PG_REGRESS="$PGXS/src/test/regress/pg_regress" \
         TESTDIR="$work/tap" REPO_WORK="$work" \
+        ${TORTURE_CYCLES:+TORTURE_CYCLES=$TORTURE_CYCLES} ${TORTURE_SEED:+TORTURE_SEED=$TORTURE_SEED} \
         prove -v "${tap_files[@]}") 2>&1 | tee "$work/prove.log"
     prove_status=${PIPESTATUS[0]}
     set -e

@@ -1,0 +1,294 @@
+# Crash torture: concurrent clients commit durable, delayed (allowed +
+# commit_delayed(), forced), two-phase and flush_log() work, plus
+# cached_nextval(); at a random moment every server process is killed, and
+# half of the time a power cut is simulated by zeroing every WAL byte after
+# the last position known to be flushed. After restart the acknowledged work
+# is checked against what the policy promises.
+#
+#   TORTURE_CYCLES=N   crash cycles (default 30; scripts/torture.sh --cycles N)
+#   TORTURE_SEED=S     replay a run (the seed is printed)
+use strict;
+use warnings;
+use IPC::Run;
+use PostgreSQL::Test::Utils;
+use Test::More;
+use Time::HiRes qw(usleep);
+use DelayedDurabilityTest;
+
+my $tmp = PostgreSQL::Test::Utils::tempdir('torture');
+my $cycles = $ENV{TORTURE_CYCLES} // 30;
+my $seed = $ENV{TORTURE_SEED} // (time() ^ $$);
+srand($seed);
+diag("crash torture: $cycles cycles, seed $seed (TORTURE_SEED=$seed replays it)");
+
+# Default WAL writer timing: the realistic window.
+my $node = new_dd_node('torture', conf => q{
+wal_writer_delay = 200ms
+wal_writer_flush_after = 1MB
+max_wal_size = 4GB
+});
+$node->safe_psql('postgres', q{
+CREATE DATABASE db_allowed;
+CREATE DATABASE db_forced;
+ALTER DATABASE db_allowed SET delayed_durability.mode = 'allowed';
+ALTER DATABASE db_forced SET delayed_durability.mode = 'forced';
+});
+for my $db ('postgres', 'db_allowed', 'db_forced')
+{
+	$node->safe_psql($db, q{
+CREATE TABLE IF NOT EXISTS rows_ (client int, txn int, i int, v int);
+CREATE TABLE IF NOT EXISTS checks (client int, txn int, n int, total bigint, PRIMARY KEY (client, txn));
+CREATE SEQUENCE IF NOT EXISTS torture_seq CACHE 20;
+SELECT flush_log();
+});
+}
+
+my $segsize = $node->safe_psql('postgres', "SELECT pg_size_bytes(current_setting('wal_segment_size'))");
+
+sub lsn_to_int { my ($hi, $lo) = split m{/}, shift; return hex($hi) * 2**32 + hex($lo); }
+
+# One multi-row transaction with its checksum row.
+sub txn_sql
+{
+	my ($client, $txn, $opt_in) = @_;
+	my $n = 1 + int(rand(4));
+	my @v = map { int(rand(1000)) } 1 .. $n;
+	my $total = 0;
+	$total += $_ for @v;
+	my $rows = join(', ', map { "($client, $txn, $_, $v[$_ - 1])" } 1 .. $n);
+	return "BEGIN;\n" . ($opt_in ? "SELECT 'req ' || commit_delayed();\n" : '')
+	  . "INSERT INTO rows_ VALUES $rows;\nINSERT INTO checks VALUES ($client, $txn, $n, $total);\nCOMMIT;\n";
+}
+
+# A client's script: many transactions, each followed by an acknowledgement
+# line printed only once COMMIT returned. Durable acks carry the flush
+# position read right after the commit (>= its commit record, <= the real
+# flush position); delayed acks carry the insert position after the commit
+# (>= its commit record end).
+sub client_script
+{
+	my ($cycle, $client, $db) = @_;
+	my $s = '';
+	for my $k (1 .. 4000)
+	{
+		my $txn = $cycle * 100000 + $k;
+		my $dice = rand();
+		if ($db eq 'postgres')
+		{
+			if ($dice < 0.1)
+			{
+				my $gid = "g_${client}_$txn";
+				$s .= "BEGIN;\nINSERT INTO rows_ VALUES ($client, $txn, 1, 7);\n"
+				  . "INSERT INTO checks VALUES ($client, $txn, 1, 7);\nPREPARE TRANSACTION '$gid';\n"
+				  . "SELECT 'ack prepared $txn ' || pg_current_wal_flush_lsn();\n"
+				  . "COMMIT PREPARED '$gid';\nSELECT 'ack durable $txn ' || pg_current_wal_flush_lsn();\n";
+			}
+			elsif ($dice < 0.3)
+			{
+				$s .= "SELECT 'seq ' || cached_nextval('torture_seq');\n";
+			}
+			else
+			{
+				$s .= txn_sql($client, $txn, 0) . "SELECT 'ack durable $txn ' || pg_current_wal_flush_lsn();\n";
+			}
+		}
+		elsif ($db eq 'db_allowed')
+		{
+			my $delayed = $dice < 0.7;
+			$s .= txn_sql($client, $txn, $delayed)
+			  . ($delayed
+				? "SELECT 'ack delayed $txn ' || pg_current_wal_insert_lsn();\n"
+				: "SELECT 'ack durable $txn ' || pg_current_wal_flush_lsn();\n");
+		}
+		else
+		{
+			if ($dice < 0.05)
+			{
+				$s .= "SELECT 'ack flush 0 ' || flush_log();\n";
+			}
+			elsif ($dice < 0.15)
+			{
+				$s .= "SELECT 'seq ' || cached_nextval('torture_seq');\n";
+			}
+			else
+			{
+				$s .= txn_sql($client, $txn, 0) . "SELECT 'ack delayed $txn ' || pg_current_wal_insert_lsn();\n";
+			}
+		}
+	}
+	return $s;
+}
+
+sub kill_everything
+{
+	my $pm = (split /\n/, slurp_file($node->data_dir . '/postmaster.pid'))[0];
+	my @pids = ($pm, split /\s+/, `pgrep -P $pm`);
+	@pids = grep { /^\d+$/ } @pids;
+	kill 'KILL', @pids;
+	for (1 .. 500)
+	{
+		last unless grep { kill 0, $_ } @pids;
+		usleep(10_000);
+	}
+	# A kill -9'ed postmaster leaves its pid file; the test framework must
+	# see the node as down.
+	unlink $node->data_dir . '/postmaster.pid';
+	$node->_update_pid(0);
+}
+
+# The simulated power cut: WAL past `from` never reached the disk.
+sub zero_wal_after
+{
+	my ($from) = @_;
+	my $zeroed = 0;
+	my $dir = $node->data_dir . '/pg_wal';
+	opendir my $dh, $dir or die $!;
+	for my $f (grep { /^[0-9A-F]{24}$/ } readdir $dh)
+	{
+		my ($tli, $log, $seg) = (hex(substr($f, 0, 8)), hex(substr($f, 8, 8)), hex(substr($f, 16, 8)));
+		my $start = ($log * (2**32 / $segsize) + $seg) * $segsize;
+		next if $start + $segsize <= $from;
+		my $offset = $from > $start ? $from - $start : 0;
+		open my $fh, '+<:raw', "$dir/$f" or die $!;
+		seek $fh, $offset, 0;
+		print $fh "\0" x ($segsize - $offset);
+		close $fh;
+		$zeroed += $segsize - $offset;
+	}
+	return $zeroed;
+}
+
+my (%durable, %delayed, %prepared, %seq_seen);
+my ($durable_lost, $delayed_lost, $delayed_total, $max_lost_distance, $bound_violations) = (0, 0, 0, 0, 0);
+my $seq_dups = 0;
+my @clients = ([ 1, 'postgres' ], [ 2, 'db_allowed' ], [ 3, 'db_forced' ], [ 4, 'db_forced' ]);
+
+for my $cycle (1 .. $cycles)
+{
+	# Everything before this point is flushed (checkpoint at startup or
+	# the previous cycle's checks).
+	my $cycle_start_flush = lsn_to_int($node->safe_psql('postgres', 'SELECT flush_log()'));
+	my (@runs, %out);
+	for my $c (@clients)
+	{
+		my ($client, $db) = @$c;
+		my $script_file = "$tmp/client$client.sql";
+		open my $fh, '>', $script_file or die $!;
+		print $fh client_script($cycle, $client, $db);
+		close $fh;
+		push @runs, IPC::Run::start(
+			[ 'psql', '-XAtq', '-v', 'ON_ERROR_STOP=1', '-d', $node->connstr($db), '-f', $script_file ],
+			'>', "$tmp/client$client.out", '2>', "$tmp/client$client.err");
+	}
+	usleep(int(200_000 + rand(1_300_000)));
+	my $power_cut = rand() < 0.5;
+	kill_everything();
+	$_->finish for @runs;
+	$out{ $_->[0] } = slurp_file("$tmp/client$_->[0].out") for @clients;
+
+	# What the clients were told.
+	my ($known_flushed, @cycle_delayed) = ($cycle_start_flush);
+	for my $c (@clients)
+	{
+		my ($client, $db) = @$c;
+		for (split /\n/, $out{$client})
+		{
+			if (/^ack (durable|prepared) (\d+) (\S+)$/)
+			{
+				my $lsn = lsn_to_int($3);
+				$known_flushed = $lsn if $lsn > $known_flushed;
+				$durable{"$db/$client/$2"} = 1 if $1 eq 'durable';
+				$prepared{"$db/$client/$2"} = 1 if $1 eq 'prepared';
+			}
+			elsif (/^ack flush 0 (\S+)$/)
+			{
+				my $lsn = lsn_to_int($1);
+				$known_flushed = $lsn if $lsn > $known_flushed;
+			}
+			elsif (/^ack delayed (\d+) (\S+)$/)
+			{
+				push @cycle_delayed, [ "$db/$client/$1", lsn_to_int($2) ];
+			}
+			elsif (/^seq (\d+)$/)
+			{
+				# Each database has its own torture_seq.
+				$seq_dups++ if $seq_seen{"$db/$1"}++;
+			}
+		}
+	}
+	my $zeroed = $power_cut ? zero_wal_after($known_flushed) : 0;
+	$node->start;
+
+	# Atomicity: every transaction is all there or absent, checksum intact.
+	my %present;
+	for my $db ('postgres', 'db_allowed', 'db_forced')
+	{
+		my $bad = $node->safe_psql($db, q{
+SELECT count(*) FROM checks c
+  FULL JOIN (SELECT client, txn, count(*) AS n, sum(v) AS total FROM rows_ GROUP BY 1, 2) r USING (client, txn)
+ WHERE c.n IS DISTINCT FROM r.n OR c.total IS DISTINCT FROM r.total});
+		is($bad, '0', "cycle $cycle: $db transactions atomic, checksums match") if $bad ne '0';
+		$bound_violations++ if $bad ne '0';
+		$present{"$db/$_"} = 1 for split /\n/, $node->safe_psql($db, "SELECT client || '/' || txn FROM checks");
+	}
+	for my $k (keys %durable)
+	{
+		next if $present{$k};
+		$durable_lost++;
+		diag("cycle $cycle: acknowledged durable commit $k lost");
+	}
+	for my $d (@cycle_delayed)
+	{
+		my ($k, $lsn) = @$d;
+		$delayed_total++;
+		next if $present{$k};
+		$delayed_lost++;
+		if ($lsn <= $known_flushed)
+		{
+			$bound_violations++;
+			diag("cycle $cycle: delayed commit $k at $lsn lost although WAL up to $known_flushed was flushed");
+		}
+		$max_lost_distance = $lsn - $known_flushed if $lsn - $known_flushed > $max_lost_distance;
+	}
+	# Prepared transactions stay prepared or got committed.
+	my %in_doubt = map { $_ => 1 } split /\n/, $node->safe_psql('postgres', 'SELECT gid FROM pg_prepared_xacts');
+	for my $k (keys %prepared)
+	{
+		my ($db, $client, $txn) = split m{/}, $k;
+		next if $present{$k} || $in_doubt{"g_${client}_$txn"};
+		$durable_lost++;
+		diag("cycle $cycle: prepared transaction $k vanished");
+	}
+	$node->safe_psql('postgres', "COMMIT PREPARED '$_'") for keys %in_doubt;
+	%prepared = ();
+	$durable{$_} = 1 for grep { /^postgres/ } keys %present;
+
+	# cached_nextval after the crash never repeats a value handed out before.
+	for my $db ('postgres', 'db_forced')
+	{
+		for (split /\n/, $node->safe_psql($db, "SELECT cached_nextval('torture_seq') FROM generate_series(1, 5)"))
+		{
+			$seq_dups++ if $seq_seen{"$db/$_"}++;
+		}
+	}
+	my ($ret, $amcheck_out, $amcheck_err) = (0, '', '');
+	IPC::Run::run([ 'pg_amcheck', '--all', '--install-missing', '-d', 'postgres', '-h', $node->host, '-p', $node->port ],
+		'>', \$amcheck_out, '2>', \$amcheck_err) or $ret = $?;
+	is($ret, 0, "cycle $cycle: pg_amcheck clean") or diag("$amcheck_out$amcheck_err") if $ret;
+	$bound_violations++ if $ret;
+	note(sprintf('cycle %d: %s, known flushed %X, %d delayed acks, %s', $cycle,
+			$power_cut ? 'power cut' : 'kill -9', $known_flushed, scalar @cycle_delayed,
+			$power_cut ? "$zeroed WAL bytes zeroed" : 'WAL intact'));
+}
+
+is($durable_lost, 0, "no acknowledged durable commit lost in $cycles crashes");
+is($bound_violations, 0, 'no atomicity, checksum, amcheck or flush-bound violation');
+is($seq_dups, 0, 'cached_nextval never handed out a value twice (' . scalar(keys %seq_seen) . ' values)');
+cmp_ok(scalar(keys %durable), '>', 100 * $cycles / 30, 'durable commits were acknowledged and checked');
+cmp_ok($delayed_total, '>', 100 * $cycles / 30, 'delayed commits were acknowledged and checked');
+diag(sprintf('crash torture result: %d cycles, durable commits lost 0 of %d; delayed commits lost %d of %d, '
+		  . 'at most %d bytes of WAL past the last known flush', $cycles, scalar(keys %durable), $delayed_lost,
+		$delayed_total, $max_lost_distance));
+
+$node->stop;
+done_testing();
