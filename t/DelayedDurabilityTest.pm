@@ -58,7 +58,11 @@ CREATE FUNCTION flushed() RETURNS boolean LANGUAGE sql VOLATILE AS $$
 sub commits_with_check
 {
 	my ($node, $db, $setup, $statements) = @_;
-	my $script = ($setup // '') . "\n";
+	# Warm the session's caches first: the first call of the SQL functions
+	# reads catalog pages, and with wal_log_hints (streaming setups) setting
+	# their hint bits after a checkpoint writes WAL that would land between a
+	# commit and its check.
+	my $script = ($setup // '') . "\nSELECT flushed();\n";
 	$script .= "$_\nSELECT 'flushed=' || flushed()::int;\n" for @$statements;
 	my $out = $node->safe_psql($db, $script);
 	return map { /^flushed=1$/ ? 1 : 0 } grep { /^flushed=/ } split /\n/, $out;

@@ -1,0 +1,98 @@
+# Streaming replication with a synchronous standby: durable commits wait for
+# it, delayed ones do not; the extension is harmless on the standby, and the
+# policy follows the primary role after promotion.
+use strict;
+use warnings;
+use PostgreSQL::Test::Cluster;
+use PostgreSQL::Test::Utils;
+use Test::More;
+use DelayedDurabilityTest;
+
+my $primary = new_dd_node('primary', init => { allows_streaming => 1 });
+$primary->safe_psql('postgres', q{
+CREATE TABLE t (id int);
+CREATE SEQUENCE s CACHE 10;
+CREATE DATABASE shop;
+ALTER DATABASE shop SET delayed_durability.mode = 'forced';
+});
+$primary->safe_psql('shop', 'CREATE TABLE t (id int)');
+$primary->backup('b');
+my $standby = PostgreSQL::Test::Cluster->new('standby');
+$standby->init_from_backup($primary, 'b', has_streaming => 1);
+$standby->start;
+$primary->wait_for_catchup($standby);
+# Synchronous only now: with no standby connected every durable commit waits.
+$primary->safe_psql('postgres', "ALTER SYSTEM SET synchronous_standby_names = 'standby'; SELECT pg_reload_conf();");
+ok($primary->poll_query_until('postgres', "SELECT sync_state = 'sync' FROM pg_stat_replication"),
+	'standby is synchronous');
+
+# A durable commit with remote_apply is visible on the standby as soon as
+# COMMIT returns.
+$primary->safe_psql('postgres', "SET synchronous_commit = remote_apply;\nINSERT INTO t VALUES (1);");
+is($standby->safe_psql('postgres', 'SELECT count(*) FROM t WHERE id = 1'), '1',
+	'durable remote_apply commit visible on the standby right after COMMIT');
+
+# With replay paused on the standby, a durable remote_apply commit waits
+# for it (seen in pg_stat_activity as wait event SyncRep until cancelled);
+# a forced commit does not wait at all.
+$standby->safe_psql('postgres', 'SELECT pg_wal_replay_pause()');
+my $waiter = $primary->background_psql('postgres', on_error_stop => 0);
+$waiter->query_safe("SET application_name = 'durable_waiter'; SET synchronous_commit = remote_apply;");
+$waiter->query_until(qr/sent/, "\\echo sent\nINSERT INTO t VALUES (2);\n");
+ok($primary->poll_query_until('postgres',
+	"SELECT wait_event = 'SyncRep' FROM pg_stat_activity WHERE application_name = 'durable_waiter'"),
+	'durable commit waits for the paused standby');
+my ($ret, $out, $err) = $primary->psql('shop',
+	"SET synchronous_commit = remote_apply;\nINSERT INTO t VALUES (3);\nSELECT current_setting('delayed_durability.mode');",
+	timeout => 60);
+is($ret, 0, 'forced commit returned while the standby is paused');
+unlike($err, qr/canceling wait/, 'forced (delayed) commit did not wait for the standby');
+is($out, 'forced', 'shop runs under forced');
+$primary->safe_psql('postgres',
+	"SELECT pg_cancel_backend(pid) FROM pg_stat_activity WHERE application_name = 'durable_waiter'");
+$waiter->quit;
+$standby->safe_psql('postgres', 'SELECT pg_wal_replay_resume()');
+
+# flush_log() hardens delayed commits locally.
+my $flushed = $primary->safe_psql('shop',
+	"INSERT INTO t VALUES (4);\nSELECT pg_current_wal_flush_lsn() < wal_end();\nSELECT flush_log() >= wal_end();");
+is($flushed, "t\nt", 'forced commit unflushed, then flushed by flush_log()');
+
+# The extension on the standby.
+$primary->wait_for_catchup($standby);
+is($standby->safe_psql('postgres', 'SELECT pg_is_in_recovery()'), 't', 'standby in recovery');
+is($standby->safe_psql('shop', 'SELECT count(*) FROM t'), '2', 'standby replayed the commits');
+is($standby->safe_psql('postgres',
+	"SELECT count(*), sum(commits_durable + commits_delayed) FROM delayed_durability_stats WHERE datname IN ('postgres', 'shop')"),
+	'2|0', 'stats on the standby: one row per database, no commits of its own');
+is($standby->safe_psql('postgres', 'SELECT insert_lsn = flush_lsn AND bytes_at_risk = 0 FROM delayed_durability_status()'),
+	't', 'status on the standby reports the replay position');
+($ret, $out, $err) = $standby->psql('postgres', 'SELECT flush_log()');
+like($err, qr/ERROR:  recovery is in progress/, 'flush_log() refused on the standby');
+($ret, $out, $err) = $standby->psql('postgres', "SELECT cached_nextval('s')");
+like($err, qr/cannot execute cached_nextval\(\) in a read-only transaction/, 'cached_nextval() refused on the standby');
+ok($standby->log_contains(qr/database system is ready to accept read-only connections/), 'standby started normally');
+unlike(slurp_file($standby->logfile), qr/PANIC|terminated by signal/, 'no crash on the standby');
+
+# Failover: the standby is promoted and the policy applies there.
+$primary->stop('immediate');
+$standby->promote;
+# Promotion requests a checkpoint whose WAL would race with the checks below.
+$standby->safe_psql('postgres', 'CHECKPOINT');
+my @checks = commits_with_check($standby, 'shop', '', [ map { "INSERT INTO t VALUES ($_);" } 101 .. 120 ]);
+cmp_ok(count_true(@checks), '<=', 2, 'after promotion: shop commits are delayed on the new primary');
+my $before = $standby->safe_psql('postgres',
+	"SELECT commits_durable || '/' || commits_delayed FROM delayed_durability_stats WHERE datname = 'postgres'");
+@checks = commits_with_check($standby, 'postgres', 'SET synchronous_commit = off;',
+	[ map { "INSERT INTO t VALUES ($_);" } 101 .. 120 ]);
+is(count_true(@checks), 20, 'after promotion: postgres (disabled) commits are flushed on the new primary');
+my ($d0, $l0) = split m{/}, $before;
+is($standby->safe_psql('postgres',
+	"SELECT (commits_durable - $d0) || '/' || (commits_delayed - $l0) FROM delayed_durability_stats WHERE datname = 'postgres'"),
+	'20/0', 'after promotion: all 20 counted durable, none delayed');
+is($standby->safe_psql('shop', "SELECT commits_delayed >= 20 FROM delayed_durability_stats WHERE datname = 'shop'"),
+	't', 'the new primary counts its commits');
+cmp_ok($standby->safe_psql('postgres', "SELECT cached_nextval('s')"), '>', 0, 'cached_nextval() works after promotion');
+
+$standby->stop;
+done_testing();
