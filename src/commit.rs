@@ -1,11 +1,13 @@
 //! The commit decision: the policy layered over `synchronous_commit`.
 //!
 //! At `XACT_EVENT_PRE_COMMIT` the policy decides whether this commit is
-//! delayed, and applies it with `set_config_option(..., GUC_ACTION_LOCAL)`
-//! so that the GUC's assign hook keeps the sync-replication wait mode right
-//! and the change is undone when the transaction ends. The work is skipped
-//! when the effective level already matches, so the default configuration
-//! costs a GUC read and a comparison per commit.
+//! delayed. Raising `off` to `on` goes through
+//! `set_config_option(..., GUC_ACTION_LOCAL)` so that the GUC's assign hook
+//! sets the sync-replication wait mode, and the change is undone when the
+//! transaction ends; switching a commit to `off` is done directly (see
+//! `delay_this_commit`). Nothing is done when the effective level already
+//! matches, so the default configuration costs a GUC read and a comparison
+//! per commit.
 
 use crate::guc::{self, Mode};
 use crate::stats::{self, Counter};
@@ -36,6 +38,9 @@ struct XactState {
     /// This transaction runs COMMIT PREPARED (always flushed by PostgreSQL).
     commit_prepared: Cell<bool>,
     outcome: Cell<Option<CommitOutcome>>,
+    /// synchronous_commit to put back once the commit is done, when the
+    /// policy switched it off for this commit.
+    restore_level: Cell<Option<i32>>,
 }
 // SAFETY: a PostgreSQL backend runs this code on one thread only.
 unsafe impl Sync for XactState {}
@@ -45,10 +50,15 @@ static STATE: XactState = XactState {
     core_forces_sync: Cell::new(false),
     commit_prepared: Cell::new(false),
     outcome: Cell::new(None),
+    restore_level: Cell::new(None),
 };
 
 impl XactState {
     fn reset(&self) {
+        if let Some(level) = self.restore_level.take() {
+            // SAFETY: puts back the value read in delay_this_commit().
+            unsafe { pg_sys::synchronous_commit = level };
+        }
         self.requested.set(false);
         self.core_forces_sync.set(false);
         self.commit_prepared.set(false);
@@ -126,6 +136,23 @@ fn set_synchronous_commit(value: &CStr) {
     }
 }
 
+/// Makes this commit asynchronous. This is the hot path of `forced` (and of
+/// opted-in commits), so it writes the variable instead of going through
+/// set_config_option: for `off` nothing else needs updating, because every
+/// reader at commit (RecordTransactionCommit, and SyncRepWaitForLSN through
+/// SyncRepRequested()) only compares the level against off/local, and the
+/// sync-replication wait mode set by the assign hook is never consulted.
+/// The old value is put back at XACT_EVENT_COMMIT or ABORT, before
+/// AtEOXact_GUC runs. Raising a level (disabled mode) does need the assign
+/// hook, and uses set_config_option.
+fn delay_this_commit() {
+    // SAFETY: backend-local GUC variable, restored in XactState::reset().
+    unsafe {
+        STATE.restore_level.set(Some(pg_sys::synchronous_commit));
+        pg_sys::synchronous_commit = pg_sys::SyncCommitLevel::SYNCHRONOUS_COMMIT_OFF as i32;
+    }
+}
+
 fn before_commit() {
     let mode = guc::mode();
     let requested = STATE.requested.get();
@@ -138,7 +165,11 @@ fn before_commit() {
     let has_xid = transaction_has_xid();
     // Without an xid no commit record is flushed either way.
     if has_xid && want_delayed != sync_off {
-        set_synchronous_commit(if want_delayed { c"off" } else { c"on" });
+        if want_delayed {
+            delay_this_commit();
+        } else {
+            set_synchronous_commit(c"on");
+        }
     }
     let commit_prepared = STATE.commit_prepared.get();
     let forced_durable = want_delayed
