@@ -11,6 +11,7 @@ mod flush;
 mod guc;
 mod preload;
 mod sequence;
+mod shmem;
 mod stats;
 
 pgrx::pg_module_magic!();
@@ -29,8 +30,7 @@ pub extern "C-unwind" fn _PG_init() {
     guc::define();
     sequence::define_gucs();
     guc::reserve_prefix();
-    stats::request_shared_memory();
-    sequence::request_shared_memory();
+    shmem::install_hooks();
     sequence::register_invalidation_callback();
     commit::install_hooks();
     preload::mark_preloaded();

@@ -83,10 +83,6 @@ impl Clone for Shared {
     }
 }
 
-static mut PREV_SHMEM_STARTUP_HOOK: pg_sys::shmem_startup_hook_type = None;
-#[cfg(not(any(feature = "pg13", feature = "pg14")))]
-static mut PREV_SHMEM_REQUEST_HOOK: pg_sys::shmem_request_hook_type = None;
-
 pub fn define_gucs() {
     pgrx::GucRegistry::define_int_guc(
         c"delayed_durability.max_sequences",
@@ -104,70 +100,26 @@ fn slot_count() -> usize {
     MAX_SEQUENCES.get() as usize
 }
 
-fn request_space() {
-    // SAFETY: called in the postmaster while add-ins may request resources.
+/// Space for the slots and one lock per slot plus one to claim slots
+/// (called from the shared-memory request hook, shmem.rs).
+pub fn request_shared_memory() {
+    // SAFETY: called while add-ins may request resources.
     unsafe {
         pg_sys::RequestAddinShmemSpace(std::mem::size_of::<Slot>() * slot_count());
-        // One lock per slot, and one to claim slots.
         pg_sys::RequestNamedLWLockTranche(TRANCHE.as_ptr(), slot_count() as i32 + 1);
     }
 }
 
-pub fn request_shared_memory() {
-    // SAFETY: _PG_init runs in the postmaster; hooks are saved and chained.
-    unsafe {
-        #[cfg(not(any(feature = "pg13", feature = "pg14")))]
-        {
-            PREV_SHMEM_REQUEST_HOOK = pg_sys::shmem_request_hook;
-            pg_sys::shmem_request_hook = Some(shmem_request);
-        }
-        #[cfg(any(feature = "pg13", feature = "pg14"))]
-        request_space();
-        PREV_SHMEM_STARTUP_HOOK = pg_sys::shmem_startup_hook;
-        pg_sys::shmem_startup_hook = Some(shmem_startup);
-    }
-}
-
-#[cfg(not(any(feature = "pg13", feature = "pg14")))]
-#[pg_guard]
-unsafe extern "C-unwind" fn shmem_request() {
-    // SAFETY: chained postmaster hook.
-    unsafe {
-        if let Some(prev) = PREV_SHMEM_REQUEST_HOOK {
-            prev();
-        }
-    }
-    request_space();
-}
-
-#[pg_guard]
-unsafe extern "C-unwind" fn shmem_startup() {
-    // SAFETY: the ShmemInitStruct protocol under AddinShmemInitLock; a zeroed
-    // Slot is a free, invalid slot.
-    unsafe {
-        if let Some(prev) = PREV_SHMEM_STARTUP_HOOK {
-            prev();
-        }
-        let size = std::mem::size_of::<Slot>() * slot_count();
-        let lock = &raw mut (*pg_sys::MainLWLockArray.add(21)).lock; // AddinShmemInitLock
-        pg_sys::LWLockAcquire(lock, pg_sys::LWLockMode::LW_EXCLUSIVE);
-        let mut found = false;
-        let slots = pg_sys::ShmemInitStruct(
-            c"delayed_durability sequence caches".as_ptr(),
-            size,
-            &mut found,
-        ) as *mut Slot;
-        if !found {
-            std::ptr::write_bytes(slots as *mut u8, 0, size);
-        }
-        let locks = pg_sys::GetNamedLWLockTranche(TRANCHE.as_ptr());
-        pg_sys::LWLockRelease(lock);
-        SHARED.0.set(Some(Shared {
-            slots,
-            locks,
-            count: slot_count(),
-        }));
-    }
+pub fn attach_shared_memory() {
+    let size = std::mem::size_of::<Slot>() * slot_count();
+    let slots = crate::shmem::init_struct(c"delayed_durability sequence caches", size) as *mut Slot;
+    // SAFETY: the tranche was requested in request_shared_memory().
+    let locks = unsafe { pg_sys::GetNamedLWLockTranche(TRANCHE.as_ptr()) };
+    SHARED.0.set(Some(Shared {
+        slots,
+        locks,
+        count: slot_count(),
+    }));
 }
 
 fn shared() -> Shared {

@@ -49,61 +49,17 @@ static LOCAL: BackendLocal = BackendLocal {
     my_slot: Cell::new(None),
 };
 
-static mut PREV_SHMEM_STARTUP_HOOK: pg_sys::shmem_startup_hook_type = None;
-#[cfg(not(any(feature = "pg13", feature = "pg14")))]
-static mut PREV_SHMEM_REQUEST_HOOK: pg_sys::shmem_request_hook_type = None;
-
-/// Asks the postmaster for the counters' shared memory (from _PG_init).
 pub fn request_shared_memory() {
-    // SAFETY: _PG_init runs in the postmaster before any backend exists;
-    // hooks are saved and chained as contrib modules do.
-    unsafe {
-        #[cfg(not(any(feature = "pg13", feature = "pg14")))]
-        {
-            PREV_SHMEM_REQUEST_HOOK = pg_sys::shmem_request_hook;
-            pg_sys::shmem_request_hook = Some(shmem_request);
-        }
-        #[cfg(any(feature = "pg13", feature = "pg14"))]
-        pg_sys::RequestAddinShmemSpace(std::mem::size_of::<SharedStats>());
-        PREV_SHMEM_STARTUP_HOOK = pg_sys::shmem_startup_hook;
-        pg_sys::shmem_startup_hook = Some(shmem_startup);
-    }
+    // SAFETY: called from the shared-memory request hook (shmem.rs).
+    unsafe { pg_sys::RequestAddinShmemSpace(std::mem::size_of::<SharedStats>()) };
 }
 
-#[cfg(not(any(feature = "pg13", feature = "pg14")))]
-#[pg_guard]
-unsafe extern "C-unwind" fn shmem_request() {
-    // SAFETY: called by the postmaster at the point where add-ins may request space.
-    unsafe {
-        if let Some(prev) = PREV_SHMEM_REQUEST_HOOK {
-            prev();
-        }
-        pg_sys::RequestAddinShmemSpace(std::mem::size_of::<SharedStats>());
-    }
-}
-
-#[pg_guard]
-unsafe extern "C-unwind" fn shmem_startup() {
-    // SAFETY: the standard ShmemInitStruct protocol under AddinShmemInitLock;
-    // the struct is plain atomics, valid when zeroed.
-    unsafe {
-        if let Some(prev) = PREV_SHMEM_STARTUP_HOOK {
-            prev();
-        }
-        let lock = &raw mut (*pg_sys::MainLWLockArray.add(21)).lock; // AddinShmemInitLock
-        pg_sys::LWLockAcquire(lock, pg_sys::LWLockMode::LW_EXCLUSIVE);
-        let mut found = false;
-        let ptr = pg_sys::ShmemInitStruct(
-            c"delayed_durability statistics".as_ptr(),
-            std::mem::size_of::<SharedStats>(),
-            &mut found,
-        ) as *mut SharedStats;
-        if !found {
-            std::ptr::write_bytes(ptr as *mut u8, 0, std::mem::size_of::<SharedStats>());
-        }
-        pg_sys::LWLockRelease(lock);
-        LOCAL.shared.set(ptr);
-    }
+pub fn attach_shared_memory() {
+    let ptr = crate::shmem::init_struct(
+        c"delayed_durability statistics",
+        std::mem::size_of::<SharedStats>(),
+    );
+    LOCAL.shared.set(ptr as *mut SharedStats);
 }
 
 fn shared() -> Option<&'static SharedStats> {

@@ -60,6 +60,10 @@ sub txn_sql
 	  . "INSERT INTO rows_ VALUES $rows;\nINSERT INTO checks VALUES ($client, $txn, $n, $total);\nCOMMIT;\n";
 }
 
+# A value handed out implies its block's recovery value was flushed; the
+# flush position read after the call tells the harness so.
+my $seq_sql = "SELECT 'seq ' || cached_nextval('torture_seq') || ' ' || pg_current_wal_flush_lsn();\n";
+
 # A client's script: many transactions, each followed by an acknowledgement
 # line printed only once COMMIT returned. Durable acks carry the flush
 # position read right after the commit (>= its commit record, <= the real
@@ -85,7 +89,7 @@ sub client_script
 			}
 			elsif ($dice < 0.3)
 			{
-				$s .= "SELECT 'seq ' || cached_nextval('torture_seq');\n";
+				$s .= $seq_sql;
 			}
 			else
 			{
@@ -108,7 +112,7 @@ sub client_script
 			}
 			elsif ($dice < 0.15)
 			{
-				$s .= "SELECT 'seq ' || cached_nextval('torture_seq');\n";
+				$s .= $seq_sql;
 			}
 			else
 			{
@@ -209,10 +213,12 @@ for my $cycle (1 .. $cycles)
 			{
 				push @cycle_delayed, [ "$db/$client/$1", lsn_to_int($2) ];
 			}
-			elsif (/^seq (\d+)$/)
+			elsif (/^seq (\d+) (\S+)$/)
 			{
 				# Each database has its own torture_seq.
 				$seq_dups++ if $seq_seen{"$db/$1"}++;
+				my $lsn = lsn_to_int($2);
+				$known_flushed = $lsn if $lsn > $known_flushed;
 			}
 		}
 	}
