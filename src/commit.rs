@@ -105,9 +105,14 @@ fn transaction_has_xid() -> bool {
     xid != pg_sys::InvalidTransactionId
 }
 
+#[cfg(any(feature = "pg13", feature = "pg14", feature = "pg15"))]
+type RelFileId = pg_sys::RelFileNode;
+#[cfg(not(any(feature = "pg13", feature = "pg14", feature = "pg15")))]
+type RelFileId = pg_sys::RelFileLocator;
+
 /// Whether the commit drops relation files, which PostgreSQL always flushes.
 fn commit_drops_relation_files() -> bool {
-    let mut rels: *mut pg_sys::RelFileNode = std::ptr::null_mut();
+    let mut rels: *mut RelFileId = std::ptr::null_mut();
     // SAFETY: the same call RecordTransactionCommit makes; the array it
     // pallocs (only when non-empty) is freed right away.
     unsafe {
