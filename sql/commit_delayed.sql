@@ -172,6 +172,16 @@ CREATE TABLE dropped (i int);
 DROP TABLE dropped;
 TRUNCATE t;
 :deltas;
+-- CREATE/DROP DATABASE and TABLESPACE: PostgreSQL forces their commit
+-- durable (ForceSyncCommit); the utility hook counts them as forced.
+SELECT * FROM counters() \gset b_
+CREATE DATABASE dd_forced_db;
+DROP DATABASE dd_forced_db;
+SET allow_in_place_tablespaces = on;
+CREATE TABLESPACE dd_forced_ts LOCATION '';
+DROP TABLESPACE dd_forced_ts;
+RESET allow_in_place_tablespaces;
+:deltas;
 -- Under disabled they are plain durable commits.
 SET delayed_durability.mode = 'disabled';
 SELECT * FROM counters() \gset b_
