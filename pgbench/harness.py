@@ -40,7 +40,8 @@ class Cluster:
         self.port = port
         self.dir = tempfile.mkdtemp(prefix=f"dd-{name}-", dir=root or "/tmp")
         os.chmod(self.dir, 0o755)
-        shutil.chown(self.dir, "postgres") if os.geteuid() == 0 else None
+        if os.geteuid() == 0:
+            shutil.chown(self.dir, "postgres")
         self.data = os.path.join(self.dir, "data")
         initdb = [f"{PGBIN}/initdb", "-D", self.data, "--auth=trust", "--no-sync", "-U", "postgres"]
         if wal_segsize_mb:

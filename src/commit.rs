@@ -124,13 +124,15 @@ fn commit_drops_relation_files() -> bool {
     }
 }
 
-fn set_synchronous_commit(value: &CStr) {
+/// Raises synchronous_commit = off to on for this commit only (disabled
+/// mode); the assign hook sets the sync-replication wait mode to match.
+fn raise_to_durable() {
     // SAFETY: documented GUC API; GUC_ACTION_LOCAL is undone by AtEOXact_GUC
     // later in CommitTransaction, and errors are raised as PostgreSQL errors.
     unsafe {
         pg_sys::set_config_option(
             c"synchronous_commit".as_ptr(),
-            value.as_ptr(),
+            c"on".as_ptr(),
             pg_sys::GucContext::PGC_USERSET,
             pg_sys::GucSource::PGC_S_SESSION,
             pg_sys::GucAction::GUC_ACTION_LOCAL,
@@ -173,7 +175,7 @@ fn before_commit() {
         if want_delayed {
             delay_this_commit();
         } else {
-            set_synchronous_commit(c"on");
+            raise_to_durable();
         }
     }
     let commit_prepared = STATE.commit_prepared.get();

@@ -77,17 +77,3 @@ REVOKE ALL ON FUNCTION delayed_durability_stats_reset() FROM PUBLIC;
     name = "views_and_wrappers",
     finalize,
 );
-
-#[cfg(any(test, feature = "pg_test"))]
-#[pg_schema]
-mod tests {}
-
-/// Required by `cargo pgrx test`.
-#[cfg(test)]
-pub mod pg_test {
-    pub fn setup(_options: Vec<&str>) {}
-
-    pub fn postgresql_conf_options() -> Vec<&'static str> {
-        vec!["shared_preload_libraries = 'delayed_durability'"]
-    }
-}

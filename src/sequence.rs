@@ -64,6 +64,7 @@ struct Slot {
     options: Options,
 }
 
+#[derive(Clone, Copy)]
 struct Shared {
     slots: *mut Slot,
     locks: *mut pg_sys::LWLockPadded,
@@ -73,15 +74,6 @@ struct SharedCell(std::cell::Cell<Option<Shared>>);
 // SAFETY: a PostgreSQL backend runs this code on one thread only.
 unsafe impl Sync for SharedCell {}
 static SHARED: SharedCell = SharedCell(std::cell::Cell::new(None));
-impl Clone for Shared {
-    fn clone(&self) -> Self {
-        Shared {
-            slots: self.slots,
-            locks: self.locks,
-            count: self.count,
-        }
-    }
-}
 
 pub fn define_gucs() {
     pgrx::GucRegistry::define_int_guc(
@@ -123,11 +115,8 @@ pub fn attach_shared_memory() {
 }
 
 fn shared() -> Shared {
-    match SHARED.0.take() {
-        Some(s) => {
-            SHARED.0.set(Some(s.clone()));
-            s
-        }
+    match SHARED.0.get() {
+        Some(s) => s,
         None => {
             crate::preload::require_preloaded();
             unreachable!("shared memory is set up whenever the library is preloaded")
@@ -447,7 +436,7 @@ fn cached_nextval(relid: pg_sys::Oid) -> i64 {
     let key = (unsafe { pg_sys::MyDatabaseId }.to_u32() as u64) << 32 | relid.to_u32() as u64;
     let s = shared();
     let index = find_slot(&s, key);
-    let _lock = LockGuard::exclusive(slot_lock(&s, index));
+    let slot_guard = LockGuard::exclusive(slot_lock(&s, index));
     let slot = slot(&s, index);
     debug_assert_eq!(slot.key.load(Ordering::Acquire), key);
 
@@ -483,7 +472,7 @@ fn cached_nextval(relid: pg_sys::Oid) -> i64 {
     } else {
         slot.next = value + options.increment;
     }
-    drop(_lock);
+    drop(slot_guard);
     stats::count(Counter::SequenceValues);
     // SAFETY: closes without releasing the lock, as nextval does.
     unsafe { pg_sys::relation_close(rel, pg_sys::NoLock as i32) };
