@@ -53,6 +53,9 @@ install_dependencies() {
 build_and_install() {
     log "building and installing delayed_durability (release)"
     (cd "$REPO_ROOT" && cargo pgrx install --release --pg-config "$PG_CONFIG") >&2
+    # Full scripts of earlier versions, so that CREATE EXTENSION ... VERSION
+    # and the update path can be tested (pgrx installs only the current one).
+    install -m 644 "$REPO_ROOT"/sql/versions/*.sql "$("$PG_CONFIG" --sharedir)/extension/"
 }
 
 # A scratch directory the postgres user owns.

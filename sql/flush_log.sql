@@ -70,3 +70,9 @@ SELECT flush_log() >= pg_current_wal_insert_lsn() - 24 AS flushed_in_block;
 COMMIT;
 
 DROP TABLE f;
+
+-- Without delayed_durability.wal_buffer_path the buffer columns say "off".
+SELECT wal_buffer_is_pmem IS NULL AS buffer_off,
+       wal_buffer_bytes_persisted + wal_buffer_fsyncs_avoided
+         + wal_buffer_drains + wal_buffer_restored_bytes AS buffer_counters
+  FROM delayed_durability_status();

@@ -13,6 +13,7 @@ mod preload;
 mod sequence;
 mod shmem;
 mod stats;
+mod walbuf;
 
 pgrx::pg_module_magic!();
 
@@ -29,6 +30,7 @@ pub extern "C-unwind" fn _PG_init() {
     }
     guc::define();
     sequence::define_gucs();
+    walbuf::define_gucs();
     guc::reserve_prefix();
     shmem::install_hooks();
     sequence::register_invalidation_callback();
@@ -61,15 +63,22 @@ CREATE FUNCTION delayed_durability_status(
     OUT insert_lsn pg_lsn,
     OUT flush_lsn pg_lsn,
     OUT bytes_at_risk bigint,
-    OUT wal_flushes bigint)
+    OUT wal_flushes bigint,
+    OUT wal_buffer_is_pmem boolean,
+    OUT wal_buffer_bytes_persisted bigint,
+    OUT wal_buffer_fsyncs_avoided bigint,
+    OUT wal_buffer_drains bigint,
+    OUT wal_buffer_restored_bytes bigint)
 RETURNS record
 LANGUAGE sql VOLATILE PARALLEL SAFE
 AS $$
     SELECT '0/0'::pg_lsn + p.insert_end::numeric,
            '0/0'::pg_lsn + p.flush_end::numeric,
            greatest(p.insert_end - p.flush_end, 0),
-           (SELECT w.wal_sync FROM pg_catalog.pg_stat_wal AS w)
-      FROM delayed_durability_wal_positions() AS p
+           (SELECT w.wal_sync FROM pg_catalog.pg_stat_wal AS w),
+           b.is_pmem, b.bytes_persisted, b.fsyncs_avoided, b.drains, b.restored_bytes
+      FROM delayed_durability_wal_positions() AS p,
+           delayed_durability_wal_buffer_state() AS b
 $$;
 
 REVOKE ALL ON FUNCTION delayed_durability_stats_reset() FROM PUBLIC;

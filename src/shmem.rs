@@ -13,11 +13,13 @@ static mut PREV_SHMEM_REQUEST_HOOK: pg_sys::shmem_request_hook_type = None;
 fn request_all() {
     crate::stats::request_shared_memory();
     crate::sequence::request_shared_memory();
+    crate::walbuf::request_shared_memory();
 }
 
 fn attach_all() {
     crate::stats::attach_shared_memory();
     crate::sequence::attach_shared_memory();
+    crate::walbuf::attach_shared_memory();
 }
 
 /// Called from _PG_init in the postmaster.

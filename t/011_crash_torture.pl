@@ -43,10 +43,6 @@ SELECT flush_log();
 });
 }
 
-my $segsize = $node->safe_psql('postgres', "SELECT pg_size_bytes(current_setting('wal_segment_size'))");
-
-sub lsn_to_int { my ($hi, $lo) = split m{/}, shift; return hex($hi) * 2**32 + hex($lo); }
-
 # One multi-row transaction with its checksum row.
 sub txn_sql
 {
@@ -123,45 +119,6 @@ sub client_script
 	return $s;
 }
 
-sub kill_everything
-{
-	my $pm = (split /\n/, slurp_file($node->data_dir . '/postmaster.pid'))[0];
-	my @pids = ($pm, split /\s+/, `pgrep -P $pm`);
-	@pids = grep { /^\d+$/ } @pids;
-	kill 'KILL', @pids;
-	for (1 .. 500)
-	{
-		last unless grep { kill 0, $_ } @pids;
-		usleep(10_000);
-	}
-	# A kill -9'ed postmaster leaves its pid file; the test framework must
-	# see the node as down.
-	unlink $node->data_dir . '/postmaster.pid';
-	$node->_update_pid(0);
-}
-
-# The simulated power cut: WAL past `from` never reached the disk.
-sub zero_wal_after
-{
-	my ($from) = @_;
-	my $zeroed = 0;
-	my $dir = $node->data_dir . '/pg_wal';
-	opendir my $dh, $dir or die $!;
-	for my $f (grep { /^[0-9A-F]{24}$/ } readdir $dh)
-	{
-		my ($tli, $log, $seg) = (hex(substr($f, 0, 8)), hex(substr($f, 8, 8)), hex(substr($f, 16, 8)));
-		my $start = ($log * (2**32 / $segsize) + $seg) * $segsize;
-		next if $start + $segsize <= $from;
-		my $offset = $from > $start ? $from - $start : 0;
-		open my $fh, '+<:raw', "$dir/$f" or die $!;
-		seek $fh, $offset, 0;
-		print $fh "\0" x ($segsize - $offset);
-		close $fh;
-		$zeroed += $segsize - $offset;
-	}
-	return $zeroed;
-}
-
 my (%durable, %delayed, %prepared, %seq_seen);
 my ($durable_lost, $delayed_lost, $delayed_total, $max_lost_distance, $bound_violations) = (0, 0, 0, 0, 0);
 my $seq_dups = 0;
@@ -186,7 +143,7 @@ for my $cycle (1 .. $cycles)
 	}
 	usleep(int(200_000 + rand(1_300_000)));
 	my $power_cut = rand() < 0.5;
-	kill_everything();
+	kill_everything($node);
 	$_->finish for @runs;
 	$out{ $_->[0] } = slurp_file("$tmp/client$_->[0].out") for @clients;
 
@@ -222,7 +179,7 @@ for my $cycle (1 .. $cycles)
 			}
 		}
 	}
-	my $zeroed = $power_cut ? zero_wal_after($known_flushed) : 0;
+	my $zeroed = $power_cut ? zero_wal_after($node, $known_flushed) : 0;
 	$node->start;
 
 	# Atomicity: every transaction is all there or absent, checksum intact.

@@ -77,6 +77,20 @@ is($node->safe_psql('postgres', 'SELECT pg_postmaster_start_time()'), $pid, 'the
 my $log = slurp_file($node->logfile);
 unlike($log, qr/terminated by signal|server process .* was terminated|PANIC/, 'no backend crashed');
 
+# Update path: a database created at 0.1.0 updates to the current version
+# and gets the new status columns.
+$node->safe_psql('postgres', 'CREATE DATABASE old_version TEMPLATE template0');
+$node->safe_psql('old_version', "CREATE EXTENSION delayed_durability VERSION '0.1.0'");
+my $status_columns = q{SELECT count(*) FROM pg_proc, unnest(proargnames) AS a
+  WHERE proname = 'delayed_durability_status' AND a LIKE 'wal_buffer%'};
+is($node->safe_psql('old_version', $status_columns), '0', '0.1.0 has no WAL buffer columns');
+$node->safe_psql('old_version', 'ALTER EXTENSION delayed_durability UPDATE');
+is($node->safe_psql('old_version', q{SELECT extversion FROM pg_extension WHERE extname = 'delayed_durability'}),
+	'0.2.0', 'ALTER EXTENSION UPDATE reaches 0.2.0');
+is($node->safe_psql('old_version', $status_columns), '5', 'updated: five WAL buffer columns');
+is($node->safe_psql('old_version', 'SELECT wal_buffer_is_pmem IS NULL AND wal_buffer_fsyncs_avoided = 0 FROM delayed_durability_status()'),
+	't', 'updated status function works (buffer off)');
+
 # Lifecycle: DROP and CREATE EXTENSION; UPDATE is a no-op at the current version.
 $node->safe_psql('postgres', 'CREATE DATABASE life TEMPLATE template0');
 $node->safe_psql('life', q{

@@ -8,8 +8,10 @@ use Exporter 'import';
 use PostgreSQL::Test::Cluster;
 use PostgreSQL::Test::Utils;
 use Test::More;
+use Time::HiRes qw(usleep);
 
-our @EXPORT = qw(new_dd_node commits_with_check count_true rows_in);
+our @EXPORT = qw(new_dd_node commits_with_check count_true rows_in lsn_to_int
+  kill_everything zero_wal_after);
 
 # fsync is on (the test framework turns it off by default): WAL fsyncs are
 # what is measured. The WAL writer flushes at most every wal_writer_delay (10s, its maximum)
@@ -74,6 +76,53 @@ sub rows_in
 {
 	my ($node, $db, $where) = @_;
 	return $node->safe_psql($db, "SELECT count(*) FROM t WHERE $where");
+}
+
+sub lsn_to_int { my ($hi, $lo) = split m{/}, shift; return hex($hi) * 2**32 + hex($lo); }
+
+# kill -9 of the postmaster and every child at once: nothing runs an exit
+# path, as in a power cut.
+sub kill_everything
+{
+	my ($node) = @_;
+	my $pm = (split /\n/, slurp_file($node->data_dir . '/postmaster.pid'))[0];
+	my @pids = ($pm, split /\s+/, `pgrep -P $pm`);
+	@pids = grep { /^\d+$/ } @pids;
+	kill 'KILL', @pids;
+	for (1 .. 500)
+	{
+		last unless grep { kill 0, $_ } @pids;
+		usleep(10_000);
+	}
+	# A kill -9'ed postmaster leaves its pid file; the test framework must
+	# see the node as down.
+	unlink $node->data_dir . '/postmaster.pid';
+	$node->_update_pid(0);
+}
+
+# The simulated power cut: WAL past byte position `from` never reached the
+# disk. Returns how many bytes were zeroed.
+sub zero_wal_after
+{
+	my ($node, $from) = @_;
+	my $segsize;
+	my $zeroed = 0;
+	my $dir = $node->data_dir . '/pg_wal';
+	opendir my $dh, $dir or die $!;
+	for my $f (grep { /^[0-9A-F]{24}$/ } readdir $dh)
+	{
+		$segsize = -s "$dir/$f";
+		my ($log, $seg) = (hex(substr($f, 8, 8)), hex(substr($f, 16, 8)));
+		my $start = ($log * (2**32 / $segsize) + $seg) * $segsize;
+		next if $start + $segsize <= $from;
+		my $offset = $from > $start ? $from - $start : 0;
+		open my $fh, '+<:raw', "$dir/$f" or die $!;
+		seek $fh, $offset, 0;
+		print $fh "\0" x ($segsize - $offset);
+		close $fh;
+		$zeroed += $segsize - $offset;
+	}
+	return $zeroed;
 }
 
 1;

@@ -1,0 +1,356 @@
+//! The persistent WAL buffer: WAL made durable by copying it to persistent
+//! memory instead of fsyncing pg_wal on every commit.
+//!
+//! - `format`: the buffer file's layout and checksums.
+//! - `pmem`: the libpmem binding.
+//! - `segment`: WAL segment files.
+//! - `ring`: what a WAL write or fsync does while the buffer is on.
+//! - `interpose`: redirecting PostgreSQL's WAL write/fsync calls.
+//! - `restore`: writing the buffer back into pg_wal at startup.
+//!
+//! This module holds the settings, the startup sequence (in the postmaster,
+//! from the shared-memory startup hook, before the startup process exists)
+//! and the status function.
+
+mod format;
+mod interpose;
+mod pmem;
+mod restore;
+mod ring;
+mod segment;
+
+use pgrx::guc::{GucContext, GucFlags, GucRegistry, GucSetting};
+use pgrx::pg_sys;
+use pgrx::prelude::*;
+use restore::Problem;
+use std::cell::Cell;
+use std::ffi::{CStr, CString};
+use std::sync::atomic::{AtomicBool, Ordering};
+
+pub static WAL_BUFFER_PATH: GucSetting<Option<CString>> = GucSetting::<Option<CString>>::new(None);
+/// In kB.
+pub static WAL_BUFFER_SIZE: GucSetting<i32> = GucSetting::<i32>::new(16 * 1024);
+/// The smallest useful buffer: eight 8 kB WAL pages.
+const MIN_SIZE_KB: i32 = 64;
+
+pub fn define_gucs() {
+    GucRegistry::define_string_guc(
+        c"delayed_durability.wal_buffer_path",
+        c"File of the persistent WAL buffer, on a persistent-memory (DAX) file system; empty = off.",
+        c"When set, WAL is made durable by copying it into this file instead of fsyncing \
+pg_wal at every commit; pg_wal is fsynced when the buffer is three quarters full and when a \
+WAL segment is finished. The file is created if missing.",
+        &WAL_BUFFER_PATH,
+        GucContext::Postmaster,
+        GucFlags::SUPERUSER_ONLY,
+    );
+    GucRegistry::define_int_guc(
+        c"delayed_durability.wal_buffer_size",
+        c"Size of the persistent WAL buffer.",
+        c"At least 64kB. Takes effect when the file is created or at the next start.",
+        &WAL_BUFFER_SIZE,
+        1,
+        1024 * 1024 * 1024, // 1 TB in kB
+        GucContext::Postmaster,
+        GucFlags::UNIT_KB,
+    );
+}
+
+/// Process-wide state, set in the postmaster and inherited by every child.
+struct Global {
+    shared: Cell<*mut ring::Shared>,
+    map: Cell<Option<pmem::Mapping>>,
+    path: Cell<Option<&'static CStr>>,
+}
+// SAFETY: a PostgreSQL server process runs this code on one thread only.
+unsafe impl Sync for Global {}
+static GLOBAL: Global = Global { shared: Cell::new(std::ptr::null_mut()), map: Cell::new(None), path: Cell::new(None) };
+static ACTIVE: AtomicBool = AtomicBool::new(false);
+
+/// The buffer is on in this server.
+pub fn active() -> bool {
+    ACTIVE.load(Ordering::Relaxed)
+}
+
+fn segment_size() -> u64 {
+    // SAFETY: set from pg_control in the postmaster before shared memory exists.
+    unsafe { pg_sys::wal_segment_size as u64 }
+}
+
+/// Runs `f` on the ring; only called with WALWriteLock held.
+fn with_ring<T>(f: impl FnOnce(&mut ring::Ring) -> Result<T, ring::Errno>) -> Result<T, ring::Errno> {
+    let (shared, map) = (GLOBAL.shared.get(), GLOBAL.map.get().expect("mapped when active"));
+    // SAFETY: the shared state lives in shared memory for the server's
+    // life; WALWriteLock serializes every caller.
+    let shared = unsafe { &mut *shared };
+    f(&mut ring::Ring { shared, map, segment_size: segment_size() })
+}
+
+/// PostgreSQL counts every call of its WAL fsync in pg_stat_wal.wal_sync;
+/// one the buffer skipped is not a sync, so take it back before it is added.
+fn uncount_wal_sync() {
+    #[cfg(any(feature = "pg15", feature = "pg16", feature = "pg17"))]
+    // SAFETY: this process's pending WAL statistics, owned by this thread.
+    unsafe {
+        pg_sys::PendingWalStats.wal_sync -= 1;
+    }
+}
+
+pub fn request_shared_memory() {
+    // SAFETY: called from the shared-memory request hook (shmem.rs).
+    unsafe { pg_sys::RequestAddinShmemSpace(std::mem::size_of::<ring::Shared>()) };
+}
+
+pub fn attach_shared_memory() {
+    let shared = crate::shmem::init_struct(c"delayed_durability WAL buffer", std::mem::size_of::<ring::Shared>())
+        as *mut ring::Shared;
+    GLOBAL.shared.set(shared);
+    // SAFETY: reading a postmaster-set global.
+    if unsafe { pg_sys::IsUnderPostmaster } {
+        return;
+    }
+    // The postmaster (or a single-user backend), at first start and after
+    // every crash: restore the buffer before the startup process runs.
+    let Some(path) = WAL_BUFFER_PATH.get().filter(|p| !p.is_empty()) else { return };
+    start(Box::leak(path.into_boxed_c_str()), shared);
+}
+
+fn fatal(code: PgSqlErrorCode, message: String, detail: Option<String>, hint: &str) -> ! {
+    let mut report = pg_sys::panic::ErrorReport::new(code, message, "");
+    if let Some(detail) = detail {
+        report = report.set_detail(detail);
+    }
+    if !hint.is_empty() {
+        report = report.set_hint(hint);
+    }
+    report.report(PgLogLevel::FATAL);
+    unreachable!("FATAL does not return")
+}
+
+fn start(path: &'static CStr, shared: *mut ring::Shared) {
+    let shown = path.to_string_lossy().into_owned();
+    if std::path::Path::new("standby.signal").exists() {
+        // WAL arriving by streaming or from the archive is the primary's to persist.
+        pgrx::log!(
+            "delayed_durability: standby mode, the persistent WAL buffer \"{shown}\" is not used"
+        );
+        return;
+    }
+    check_settings(&shown);
+    let segment_size = segment_size();
+    let wal_dir = std::fs::canonicalize("pg_wal").map(|p| p.to_string_lossy().into_owned()).unwrap_or_else(|e| {
+        fatal(PgSqlErrorCode::ERRCODE_IO_ERROR, format!("could not resolve \"pg_wal\": {e}"), None, "")
+    });
+    segment::set_wal_dir(wal_dir, segment_size);
+    let cluster = restore::read_control_file(segment_size)
+        .unwrap_or_else(|e| fatal(PgSqlErrorCode::ERRCODE_IO_ERROR, e, None, ""));
+
+    let first_start = GLOBAL.map.get().is_none();
+    let map = match GLOBAL.map.get() {
+        Some(map) => map,
+        None => open(path, &shown),
+    };
+    let restored = match restore::restore(&map, &cluster, true) {
+        Ok(r) => r,
+        Err(problem) => refuse(&shown, problem),
+    };
+    // A file of another size (wal_buffer_size changed) is resized once its
+    // content is back in pg_wal.
+    let wanted = WAL_BUFFER_SIZE.get() as usize * 1024;
+    let map = if first_start && map.len != wanted {
+        map.unmap();
+        pmem::map(path, Some(wanted)).unwrap_or_else(|e| map_failed(&shown, e))
+    } else {
+        map
+    };
+    restore::format(&map, &cluster).unwrap_or_else(|e| map_failed(&shown, e));
+    if restored.bytes > 0 {
+        pgrx::log!(
+            "delayed_durability: restored {} bytes of WAL ({} records, {} segment(s)) from the persistent WAL buffer \"{shown}\"",
+            restored.bytes,
+            restored.records,
+            restored.segments
+        );
+    }
+
+    // SAFETY: the postmaster's own shared memory, before any child exists.
+    let shared = unsafe { &mut *shared };
+    shared.enabled = true;
+    shared.is_pmem = map.is_pmem;
+    shared.restored_bytes.store(restored.bytes, std::sync::atomic::Ordering::Relaxed);
+    GLOBAL.map.set(Some(map));
+    GLOBAL.path.set(Some(path));
+    if first_start {
+        if let Err(e) = interpose::install() {
+            fatal(
+                PgSqlErrorCode::ERRCODE_FEATURE_NOT_SUPPORTED,
+                "delayed_durability: cannot intercept WAL writes on this platform".into(),
+                Some(e),
+                "Empty delayed_durability.wal_buffer_path to run without the persistent WAL buffer.",
+            );
+        }
+        // SAFETY: registering a process-exit callback in the postmaster.
+        unsafe { pg_sys::on_proc_exit(Some(drain_at_exit), pg_sys::Datum::from(0)) };
+        if !map.is_pmem {
+            pgrx::warning!(
+                "delayed_durability: \"{shown}\" is not on persistent memory; every commit pays an msync() instead of an fsync, so no speed-up is to be expected"
+            );
+        }
+        pgrx::log!(
+            "delayed_durability: persistent WAL buffer \"{shown}\" in use ({} kB, {})",
+            map.len / 1024,
+            if map.is_pmem { "persistent memory" } else { "msync" }
+        );
+    }
+    ACTIVE.store(true, Ordering::Relaxed);
+}
+
+fn check_settings(shown: &str) {
+    // SAFETY: reading GUC variables set before shared_preload_libraries is processed.
+    let sync_method = unsafe { pg_sys::sync_method };
+    if sync_method != pg_sys::SYNC_METHOD_FDATASYNC as i32 {
+        fatal(
+            PgSqlErrorCode::ERRCODE_INVALID_PARAMETER_VALUE,
+            "delayed_durability.wal_buffer_path requires wal_sync_method = fdatasync".into(),
+            Some(format!("The persistent WAL buffer \"{shown}\" replaces fdatasync() calls on WAL files.")),
+            "Set wal_sync_method = fdatasync, or empty delayed_durability.wal_buffer_path.",
+        );
+    }
+    let size_kb = WAL_BUFFER_SIZE.get();
+    if size_kb < MIN_SIZE_KB {
+        fatal(
+            PgSqlErrorCode::ERRCODE_INVALID_PARAMETER_VALUE,
+            format!("delayed_durability.wal_buffer_size is too small: {size_kb}kB"),
+            Some(format!("The persistent WAL buffer needs at least {MIN_SIZE_KB}kB.")),
+            "Set delayed_durability.wal_buffer_size to 64kB or more (the default is 16MB).",
+        );
+    }
+}
+
+/// Maps the configured file, creating it when missing (or empty).
+fn open(path: &CStr, shown: &str) -> pmem::Mapping {
+    let file = std::path::Path::new(shown);
+    let dir = file.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(std::path::Path::new("."));
+    if !dir.is_dir() {
+        fatal(
+            PgSqlErrorCode::ERRCODE_UNDEFINED_FILE,
+            format!("directory \"{}\" of the persistent WAL buffer does not exist", dir.display()),
+            None,
+            "Create it on a persistent-memory (DAX) file system, or correct delayed_durability.wal_buffer_path.",
+        );
+    }
+    let size = std::fs::metadata(file).map(|m| m.len()).ok();
+    let existing = match size {
+        Some(n) if n as usize >= format::HEADER_SIZE => Some(pmem::map(path, None)),
+        Some(0) | None => None,
+        Some(_) => refuse(shown, Problem::NotABuffer),
+    };
+    let wanted = WAL_BUFFER_SIZE.get() as usize * 1024;
+    existing
+        .unwrap_or_else(|| pmem::map(path, Some(wanted)))
+        .unwrap_or_else(|e| map_failed(shown, e))
+}
+
+fn map_failed(shown: &str, e: String) -> ! {
+    fatal(
+        PgSqlErrorCode::ERRCODE_IO_ERROR,
+        format!("could not map the persistent WAL buffer \"{shown}\": {e}"),
+        None,
+        "",
+    )
+}
+
+/// Refuses to start on a buffer that cannot be trusted; nothing in pg_wal was written.
+fn refuse(shown: &str, problem: Problem) -> ! {
+    let keep = "pg_wal was not modified. Move the file away to start without it: commits \
+acknowledged since the last WAL fsync that are not in pg_wal would then be lost.";
+    let (code, message, detail) = match problem {
+        Problem::NotABuffer => (
+            PgSqlErrorCode::ERRCODE_DATA_CORRUPTED,
+            format!("\"{shown}\" is not a delayed_durability WAL buffer"),
+            "The file is not empty and does not start with the buffer's signature.".to_string(),
+        ),
+        Problem::BadHeader(why) => (
+            PgSqlErrorCode::ERRCODE_DATA_CORRUPTED,
+            format!("persistent WAL buffer \"{shown}\" has an invalid header"),
+            why.to_string(),
+        ),
+        Problem::OtherCluster { buffer, cluster } => (
+            PgSqlErrorCode::ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
+            format!("persistent WAL buffer \"{shown}\" belongs to another database system"),
+            format!("The buffer's system identifier is {buffer}, this cluster's is {cluster}."),
+        ),
+        Problem::SegmentSize { buffer, cluster } => (
+            PgSqlErrorCode::ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
+            format!("persistent WAL buffer \"{shown}\" was written with another WAL segment size"),
+            format!("The buffer's WAL segment size is {buffer} bytes, this cluster's is {cluster} bytes."),
+        ),
+        Problem::Corrupted { offset, checksum } => (
+            PgSqlErrorCode::ERRCODE_DATA_CORRUPTED,
+            format!("persistent WAL buffer \"{shown}\" holds a corrupted record"),
+            format!(
+                "The record at offset {} {}.",
+                format::HEADER_SIZE + offset,
+                if checksum { "fails its CRC32C check" } else { "has an invalid length or position" }
+            ),
+        ),
+        Problem::UnknownTimeline { tli, timeline } => (
+            PgSqlErrorCode::ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
+            format!("persistent WAL buffer \"{shown}\" holds WAL of another timeline"),
+            format!("The buffer holds WAL of timeline {tli}; this cluster is on timeline {timeline}."),
+        ),
+        Problem::MissingSegment { name } => (
+            PgSqlErrorCode::ERRCODE_UNDEFINED_FILE,
+            format!("persistent WAL buffer \"{shown}\" holds WAL for a missing segment"),
+            format!("WAL segment \"{name}\" is not in pg_wal or does not have the segment size."),
+        ),
+        Problem::Io(e) => (
+            PgSqlErrorCode::ERRCODE_IO_ERROR,
+            format!("could not restore the persistent WAL buffer \"{shown}\""),
+            e,
+        ),
+    };
+    fatal(code, message, Some(detail), keep)
+}
+
+/// At postmaster exit (clean shutdown, or after its children are gone) the
+/// buffer's WAL is made durable in pg_wal, so the buffer is left empty.
+#[pg_guard]
+unsafe extern "C-unwind" fn drain_at_exit(_code: i32, _arg: pg_sys::Datum) {
+    let (Some(map), Some(path)) = (GLOBAL.map.get(), GLOBAL.path.get()) else { return };
+    let Ok(cluster) = restore::read_control_file(segment_size()) else { return };
+    match restore::restore(&map, &cluster, true) {
+        Ok(_) => {
+            let _ = restore::format(&map, &cluster);
+        }
+        Err(_) => pgrx::log!(
+            "delayed_durability: the persistent WAL buffer \"{}\" was left for the next start",
+            path.to_string_lossy()
+        ),
+    }
+}
+
+/// The buffer's state for delayed_durability_status().
+#[pg_extern(volatile, parallel_safe)]
+fn delayed_durability_wal_buffer_state() -> TableIterator<
+    'static,
+    (
+        name!(is_pmem, Option<bool>),
+        name!(bytes_persisted, i64),
+        name!(fsyncs_avoided, i64),
+        name!(drains, i64),
+        name!(restored_bytes, i64),
+    ),
+> {
+    crate::preload::require_preloaded();
+    // SAFETY: set at startup; the fields read here are atomics or fixed after startup.
+    let shared = unsafe { &*GLOBAL.shared.get() };
+    let get = |c: &std::sync::atomic::AtomicU64| c.load(Ordering::Relaxed) as i64;
+    TableIterator::once((
+        shared.enabled.then_some(shared.is_pmem),
+        get(&shared.bytes_persisted),
+        get(&shared.fsyncs_avoided),
+        get(&shared.drains),
+        get(&shared.restored_bytes),
+    ))
+}

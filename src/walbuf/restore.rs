@@ -1,0 +1,157 @@
+//! Reading a buffer back: at startup, before the startup process reads any
+//! WAL, the WAL the buffer holds is written back into the segment files of
+//! pg_wal and fsynced; crash recovery then replays it as usual. The whole
+//! buffer is validated before the first byte is written, so a buffer that is
+//! refused leaves pg_wal untouched.
+
+use super::format::{self, ReadError, HEADER_SIZE};
+use super::pmem::Mapping;
+use super::segment::{self, Segment};
+use std::collections::BTreeMap;
+use std::os::unix::fs::FileExt;
+
+/// What the buffer must match: read from pg_control.
+pub struct Cluster {
+    pub system_id: u64,
+    pub segment_size: u64,
+    pub timeline: u32,
+}
+
+pub enum Problem {
+    NotABuffer,
+    BadHeader(&'static str),
+    OtherCluster { buffer: u64, cluster: u64 },
+    SegmentSize { buffer: u64, cluster: u64 },
+    Corrupted { offset: usize, checksum: bool },
+    UnknownTimeline { tli: u32, timeline: u32 },
+    MissingSegment { name: String },
+    Io(String),
+}
+
+#[derive(Default)]
+pub struct Restored {
+    pub bytes: u64,
+    pub records: usize,
+    pub segments: usize,
+}
+
+/// True when the file holds no buffer yet (all zero header).
+pub fn is_blank(map: &Mapping) -> bool {
+    map.len < HEADER_SIZE || map.bytes()[..64].iter().all(|&b| b == 0)
+}
+
+/// Checks the header and every record, then (if `write_back`) writes the
+/// records into pg_wal and fsyncs the segments they touch.
+pub fn restore(map: &Mapping, cluster: &Cluster, write_back: bool) -> Result<Restored, Problem> {
+    if is_blank(map) {
+        return Ok(Restored::default());
+    }
+    let bytes = map.bytes();
+    if map.len < HEADER_SIZE || bytes[..8] != format::MAGIC {
+        return Err(Problem::NotABuffer);
+    }
+    if !format::header_crc_ok(bytes) {
+        return Err(Problem::BadHeader("header checksum mismatch"));
+    }
+    if format::get_u32(bytes, format::OFF_VERSION) != format::VERSION {
+        return Err(Problem::BadHeader("unknown format version"));
+    }
+    let system_id = format::get_u64(bytes, format::OFF_SYSTEM_ID);
+    if system_id != cluster.system_id {
+        return Err(Problem::OtherCluster { buffer: system_id, cluster: cluster.system_id });
+    }
+    let segment_size = format::get_u32(bytes, format::OFF_SEGMENT_SIZE) as u64;
+    if segment_size != cluster.segment_size {
+        return Err(Problem::SegmentSize { buffer: segment_size, cluster: cluster.segment_size });
+    }
+    let capacity = format::get_u64(bytes, format::OFF_CAPACITY) as usize;
+    let tail = format::get_u64(bytes, format::OFF_TAIL) as usize;
+    if HEADER_SIZE + capacity > map.len || tail > capacity {
+        return Err(Problem::BadHeader("record area larger than the file"));
+    }
+
+    // Pass 1: every record is intact, on a timeline of this cluster, and
+    // its segment file exists.
+    let area = &bytes[HEADER_SIZE..HEADER_SIZE + tail];
+    let mut writes: BTreeMap<(u32, u64), Vec<(u64, &[u8], u32)>> = BTreeMap::new();
+    let mut offset = 0;
+    let mut restored = Restored::default();
+    while offset < tail {
+        let (record, next) = format::read_record(area, offset).map_err(|e| Problem::Corrupted {
+            offset,
+            checksum: matches!(e, ReadError::BadChecksum),
+        })?;
+        if record.tli != cluster.timeline && !history_file_exists(record.tli) {
+            return Err(Problem::UnknownTimeline { tli: record.tli, timeline: cluster.timeline });
+        }
+        let seg = Segment { tli: record.tli, segno: record.lsn / segment_size };
+        let in_segment = record.lsn % segment_size;
+        if in_segment + record.data.len() as u64 + record.zeros as u64 > segment_size {
+            return Err(Problem::Corrupted { offset, checksum: false });
+        }
+        writes.entry((seg.tli, seg.segno)).or_default().push((in_segment, record.data, record.zeros));
+        restored.bytes += record.data.len() as u64 + record.zeros as u64;
+        restored.records += 1;
+        offset = next;
+    }
+    let mut files = Vec::new();
+    for &(tli, segno) in writes.keys() {
+        let seg = Segment { tli, segno };
+        let path = seg.path();
+        match std::fs::metadata(&path) {
+            Ok(m) if m.len() == segment_size => files.push(path),
+            _ => return Err(Problem::MissingSegment { name: seg.file_name(segment_size) }),
+        }
+    }
+    restored.segments = files.len();
+    if !write_back {
+        return Ok(restored);
+    }
+
+    // Pass 2: write back, in buffer order within each segment, and fsync.
+    for (path, records) in files.iter().zip(writes.values()) {
+        let io = |e: std::io::Error| Problem::Io(format!("\"{path}\": {e}"));
+        let file = std::fs::OpenOptions::new().write(true).open(path).map_err(io)?;
+        let zero_page = [0u8; 8192];
+        for &(in_segment, data, zeros) in records {
+            file.write_all_at(data, in_segment).map_err(io)?;
+            let mut at = in_segment + data.len() as u64;
+            let end = at + zeros as u64;
+            while at < end {
+                let n = (end - at).min(zero_page.len() as u64) as usize;
+                file.write_all_at(&zero_page[..n], at).map_err(io)?;
+                at += n as u64;
+            }
+        }
+        file.sync_data().map_err(io)?;
+    }
+    Ok(restored)
+}
+
+fn history_file_exists(tli: u32) -> bool {
+    std::path::Path::new(&format!("{}/{:08X}.history", segment::wal_dir().path, tli)).exists()
+}
+
+/// Writes a fresh header for this cluster: an empty buffer.
+pub fn format(map: &Mapping, cluster: &Cluster) -> Result<(), String> {
+    let capacity = (map.len - HEADER_SIZE) as u64;
+    let header = format::new_header(cluster.segment_size as u32, cluster.system_id, capacity);
+    map.write_persist(0, &header)
+}
+
+/// The system identifier and the timeline of the last checkpoint, read from
+/// global/pg_control (the postmaster's working directory is the data directory).
+pub fn read_control_file(segment_size: u64) -> Result<Cluster, String> {
+    use pgrx::pg_sys::{CheckPoint, ControlFileData};
+    let bytes = std::fs::read("global/pg_control").map_err(|e| format!("could not read \"global/pg_control\": {e}"))?;
+    let tli_offset =
+        std::mem::offset_of!(ControlFileData, checkPointCopy) + std::mem::offset_of!(CheckPoint, ThisTimeLineID);
+    if bytes.len() < tli_offset + 4 {
+        return Err("\"global/pg_control\" is too short".into());
+    }
+    Ok(Cluster {
+        system_id: format::get_u64(&bytes, std::mem::offset_of!(ControlFileData, system_identifier)),
+        segment_size,
+        timeline: format::get_u32(&bytes, tli_offset),
+    })
+}

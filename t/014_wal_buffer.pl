@@ -1,0 +1,175 @@
+# The persistent WAL buffer (on /dev/shm, DRAM standing in for persistent
+# memory): durable commits survive a kill -9 of every process followed by
+# a simulated power cut that zeroes all WAL written after the last real
+# fsync; the same cut without the buffer loses commits; a buffer that cannot
+# be trusted stops the server with a clear FATAL and leaves pg_wal untouched.
+use strict;
+use warnings;
+use Digest::MD5;
+use IPC::Run;
+use PostgreSQL::Test::Utils;
+use Test::More;
+use DelayedDurabilityTest;
+use WalBufferFile;
+
+my $buffer = "/dev/shm/dd_tap_$$.buf";
+my @cleanup = ($buffer);
+END { unlink @cleanup; }
+
+my $node = new_dd_node('walbuf', init => { allows_streaming => 1 }, conf => qq{
+delayed_durability.wal_buffer_path = '$buffer'
+delayed_durability.mode = disabled
+synchronous_commit = on
+});
+$node->safe_psql('postgres', q{
+CREATE TABLE t (id int PRIMARY KEY, payload text);
+CREATE EXTENSION amcheck;
+});
+ok(-f $buffer && ((stat $buffer)[2] & 0777) == 0600, 'buffer file created with mode 0600');
+like(slurp_file($node->logfile), qr/persistent WAL buffer "\Q$buffer\E" in use/, 'startup says the buffer is in use');
+
+sub status
+{
+	my ($n) = @_;
+	my %s;
+	@s{qw(is_pmem persisted avoided drains restored wal_sync)} = split /\|/, $n->safe_psql('postgres', q{
+SELECT pg_stat_force_next_flush();
+SELECT coalesce(wal_buffer_is_pmem::text, 'null'), wal_buffer_bytes_persisted,
+       wal_buffer_fsyncs_avoided, wal_buffer_drains, wal_buffer_restored_bytes, wal_flushes
+  FROM delayed_durability_status()}) =~ s/^\n//r;
+	return \%s;
+}
+
+sub insert_script
+{
+	my ($from, $to) = @_;
+	return join '', map { "INSERT INTO t VALUES ($_, repeat('x', 100));\n" } $from .. $to;
+}
+
+sub pg_wal_digest
+{
+	my $dir = $node->data_dir . '/pg_wal';
+	my $md5 = Digest::MD5->new;
+	opendir my $dh, $dir or die $!;
+	for my $f (sort grep { /^[0-9A-F]{24}$/ } readdir $dh)
+	{
+		open my $fh, '<:raw', "$dir/$f" or die $!;
+		$md5->add($f)->addfile($fh);
+	}
+	return $md5->hexdigest;
+}
+
+# 1. Counters: durable commits skip their WAL fsync.
+my $before = status($node);
+is($before->{is_pmem}, 'false', 'tmpfs is not reported as persistent memory');
+$node->safe_psql('postgres', insert_script(1, 300));
+my $after = status($node);
+cmp_ok($after->{avoided} - $before->{avoided}, '>=', 300, 'wal_buffer_fsyncs_avoided grows with each durable commit');
+cmp_ok($after->{wal_sync} - $before->{wal_sync}, '<', 10, 'pg_stat_wal.wal_sync does not grow per commit');
+cmp_ok($after->{persisted} - $before->{persisted}, '>', 300 * 100, 'the commits\' WAL was persisted in the buffer');
+my $drains = $after->{drains};
+$node->safe_psql('postgres', 'SELECT pg_switch_wal(); CREATE TABLE after_switch ()');
+cmp_ok(status($node)->{drains}, '>', $drains, 'a finished segment drains the buffer with a real fsync');
+
+# 2. Power cut with the buffer: every acknowledged durable commit survives.
+$node->safe_psql('postgres', insert_script(301, 600));
+my $acked_end = lsn_to_int($node->safe_psql('postgres', 'SELECT wal_end()'));
+kill_everything($node);
+my $h = read_wal_buffer($buffer);
+is($h->{magic}, 'DDWALBUF', 'buffer signature');
+ok(@{ $h->{records} } > 0, 'the buffer holds records after the kill');
+my $last_fsync = @{ $h->{records} } ? $h->{records}[0]{lsn} : $h->{synced_lsn};
+cmp_ok($last_fsync, '<', $acked_end, 'acknowledged commits lie past the last real WAL fsync');
+cmp_ok(zero_wal_after($node, $last_fsync), '>', 0, 'power cut: WAL after the last real fsync zeroed');
+$node->start;
+like(slurp_file($node->logfile), qr/restored \d+ bytes of WAL/, 'startup restored the buffer into pg_wal');
+is($node->safe_psql('postgres', 'SELECT count(*) FROM t'), '600', 'all 600 acknowledged durable commits survive');
+cmp_ok(status($node)->{restored}, '>', 0, 'wal_buffer_restored_bytes reports the restore');
+my ($rc, $amout, $amerr) = (0, '', '');
+IPC::Run::run([ 'pg_amcheck', '--all', '-d', 'postgres', '-h', $node->host, '-p', $node->port ],
+	'>', \$amout, '2>', \$amerr) or $rc = $?;
+is($rc, 0, 'pg_amcheck is clean after the restore') or diag("$amout$amerr");
+
+# 3. A clean shutdown leaves the buffer empty.
+$node->safe_psql('postgres', insert_script(601, 650));
+$node->stop('fast');
+is(read_wal_buffer($buffer)->{tail}, 0, 'clean shutdown leaves the buffer empty');
+
+# 4. A buffer that cannot be trusted is refused and pg_wal stays untouched.
+$node->start;
+$node->safe_psql('postgres', insert_script(651, 700));
+kill_everything($node);
+my $pristine = WalBufferFile::slurp_raw($buffer);
+$h = read_wal_buffer($buffer);
+ok(@{ $h->{records} } > 0, 'buffer holds records for the refusal cases');
+
+sub refused
+{
+	my ($what, $expect, %change) = @_;
+	my $digest = pg_wal_digest();
+	$node->append_conf('postgresql.conf', $change{conf}) if $change{conf};
+	$change{forge}->() if $change{forge};
+	my $log_start = -s $node->logfile;
+	ok(!$node->start(fail_ok => 1), "$what: server does not start");
+	my $log = substr(slurp_file($node->logfile), $log_start);
+	like($log, qr/FATAL:  .*$expect/, "$what: clear FATAL");
+	is(pg_wal_digest(), $digest, "$what: pg_wal untouched");
+	# Undo.
+	$node->append_conf('postgresql.conf', "delayed_durability.wal_buffer_path = '$buffer'\n"
+		  . "delayed_durability.wal_buffer_size = 16MB\nwal_sync_method = fdatasync\n");
+	write_at($buffer, 0, $pristine);
+}
+
+refused('wrong wal_sync_method', qr/requires wal_sync_method = fdatasync/, conf => "wal_sync_method = fsync\n");
+refused('missing directory', qr/directory "\/dev\/shm\/dd_no_such_dir_$$" of the persistent WAL buffer does not exist/,
+	conf => "delayed_durability.wal_buffer_path = '/dev/shm/dd_no_such_dir_$$/buf'\n");
+refused('too small', qr/wal_buffer_size is too small/, conf => "delayed_durability.wal_buffer_size = 32kB\n");
+refused('another cluster', qr/belongs to another database system/,
+	forge => sub { write_at($buffer, 16, pack('Q<', $h->{system_id} + 1)); header_crc_fix($buffer); });
+refused('another segment size', qr/written with another WAL segment size/,
+	forge => sub { write_at($buffer, 12, pack('V', 32 * 1024 * 1024)); header_crc_fix($buffer); });
+refused('corrupted record', qr/holds a corrupted record/,
+	forge => sub { my $r = $h->{records}[0]; write_at($buffer, $r->{offset} + 24, 'garbage!'); });
+refused('another timeline', qr/holds WAL of another timeline/,
+	forge => sub { my $r = $h->{records}[-1]; write_at($buffer, $r->{offset} + 12, pack('V', 7)); record_crc_fix($buffer, { %$r, tli => 7 }); });
+my $foreign = "/dev/shm/dd_tap_foreign_$$";
+push @cleanup, $foreign;
+write_at($foreign, 0, 'not a buffer' x 1000) if open my $touch, '>', $foreign;
+refused('not a buffer', qr/is not a delayed_durability WAL buffer/,
+	conf => "delayed_durability.wal_buffer_path = '$foreign'\n");
+
+# A torn record past the committed tail is ignored.
+write_at($buffer, 4096 + $h->{tail}, 'torn record bytes, never committed');
+$node->start;
+is($node->safe_psql('postgres', 'SELECT count(*) FROM t'), '700', 'torn bytes past the tail ignored; all commits present');
+
+# 5. A standby ignores the buffer.
+$node->backup('b');
+my $standby = PostgreSQL::Test::Cluster->new('walbuf_standby');
+$standby->init_from_backup($node, 'b', has_streaming => 1);
+my $standby_buffer = "/dev/shm/dd_tap_standby_$$.buf";
+push @cleanup, $standby_buffer;
+$standby->append_conf('postgresql.conf', "delayed_durability.wal_buffer_path = '$standby_buffer'\n");
+$standby->start;
+$node->safe_psql('postgres', insert_script(701, 710));
+$node->wait_for_catchup($standby);
+like(slurp_file($standby->logfile), qr/standby mode, the persistent WAL buffer .* is not used/, 'standby logs that it ignores the buffer');
+is($standby->safe_psql('postgres', 'SELECT wal_buffer_is_pmem IS NULL FROM delayed_durability_status()'), 't', 'standby: buffer off');
+is($standby->safe_psql('postgres', 'SELECT count(*) FROM t'), '710', 'standby replays the primary\'s WAL');
+$standby->stop;
+$node->stop;
+
+# 6. Negative control: the same power cut without the buffer, with
+# synchronous_commit = off, loses commits (the simulation bites).
+my $plain = new_dd_node('plain', conf => "delayed_durability.mode = allowed\n");
+$plain->safe_psql('postgres', 'CREATE TABLE t (id int PRIMARY KEY, payload text)');
+$plain->safe_psql('postgres', "SET synchronous_commit = off;\n" . insert_script(1, 300));
+my $flushed = lsn_to_int($plain->safe_psql('postgres', 'SELECT pg_current_wal_flush_lsn()'));
+cmp_ok($flushed, '<', lsn_to_int($plain->safe_psql('postgres', 'SELECT wal_end()')), 'control: commits past the flush position');
+kill_everything($plain);
+zero_wal_after($plain, $flushed);
+$plain->start;
+cmp_ok($plain->safe_psql('postgres', 'SELECT count(*) FROM t'), '<', 300, 'control: the power cut loses unflushed commits');
+$plain->stop;
+
+done_testing();
