@@ -35,9 +35,11 @@ def as_postgres(args, **kw):
 class Cluster:
     """One initdb'ed, started cluster; stop() removes it."""
 
-    def __init__(self, name, port, preload=True, conf="", wal_segsize_mb=None, root=None):
+    def __init__(self, name, port, preload=True, conf="", wal_segsize_mb=None, root=None, server_env=None):
         self.name = name
         self.port = port
+        # Environment of the server processes (e.g. PMEM_IS_PMEM_FORCE=1).
+        self.server_env = [f"{k}={v}" for k, v in (server_env or {}).items()]
         self.dir = tempfile.mkdtemp(prefix=f"dd-{name}-", dir=root or "/tmp")
         os.chmod(self.dir, 0o755)
         if os.geteuid() == 0:
@@ -55,7 +57,7 @@ class Cluster:
         self.start()
 
     def start(self):
-        as_postgres([f"{PGBIN}/pg_ctl", "-D", self.data, "-l", os.path.join(self.dir, "log"), "-w", "start"],
+        as_postgres(["env"] + self.server_env + [f"{PGBIN}/pg_ctl", "-D", self.data, "-l", os.path.join(self.dir, "log"), "-w", "start"],
                     check=True, stdout=subprocess.DEVNULL)
 
     def restart(self):

@@ -21,7 +21,7 @@ my $results = decode_json(slurp_file("$out/results.json"));
 my %r = %{ $results->{results} };
 
 for my $title ('1. Loop of single-row inserts', '2. Small vs big transactions', '3. Sequences',
-	'4. Concurrent workload', '6. WAL segment size')
+	'4. Concurrent workload', '5. Persistent WAL buffer', '6. WAL segment size')
 {
 	like($report, qr/^## \Q$title\E/m, "report has table: $title");
 }
@@ -45,6 +45,15 @@ like($report, qr/ratio: ours [\d.]+x, article [\d.]+x/, 'ratios printed');
 my ($durable1, $delayed1) = @{ $r{1}{rows} };
 cmp_ok($durable1->{flushes}, '>=', $durable1->{transactions}, 'exp 1: durable flushes >= transactions');
 cmp_ok($delayed1->{flushes}, '<', $durable1->{transactions} / 4, 'exp 1: delayed flushes far fewer');
+
+# Experiment 5: with the buffer, durable commits avoid their WAL fsync.
+my %e5 = map { ($_->{variant} => $_) } @{ $r{5}{rows} };
+my $e5n = $e5{'durable, WAL fsync'}{transactions};
+cmp_ok($e5{'durable, WAL fsync'}{flushes}, '>=', $e5n, 'exp 5: durable without the buffer flushes per commit');
+cmp_ok($e5{'durable, WAL buffer on /dev/shm'}{flushes}, '<', $e5n / 4, 'exp 5: with the buffer, far fewer WAL fsyncs');
+cmp_ok($e5{'durable, WAL buffer on /dev/shm'}{fsyncs_avoided}, '>=', $e5n, 'exp 5: one avoided fsync per commit');
+like($report, qr/a real power cut needs a real persistent-memory \(DAX\) device/, 'exp 5 says /dev/shm is DRAM');
+like($report, qr/goal at least 0.8x.*goal at least 5x/, 'exp 5 prints both ratios beside their goals');
 
 # Experiment 2.
 my %e2 = map { ("$_->{table}/$_->{durability}/$_->{transactions}" => $_) } @{ $r{2}{rows} };

@@ -313,10 +313,15 @@ acknowledged since the last WAL fsync that are not in pg_wal would then be lost.
     fatal(code, message, Some(detail), keep)
 }
 
-/// At postmaster exit (clean shutdown, or after its children are gone) the
-/// buffer's WAL is made durable in pg_wal, so the buffer is left empty.
+/// At a clean postmaster exit (every child is gone) the buffer's WAL is made
+/// durable in pg_wal, so the buffer is left empty. After a failure exit the
+/// buffer is kept for the next start, which restores it.
 #[pg_guard]
-unsafe extern "C-unwind" fn drain_at_exit(_code: i32, _arg: pg_sys::Datum) {
+unsafe extern "C-unwind" fn drain_at_exit(code: i32, _arg: pg_sys::Datum) {
+    // SAFETY: reading a process-local global.
+    if code != 0 || unsafe { pg_sys::IsUnderPostmaster } {
+        return;
+    }
     let (Some(map), Some(path)) = (GLOBAL.map.get(), GLOBAL.path.get()) else { return };
     let Ok(cluster) = restore::read_control_file(segment_size()) else { return };
     match restore::restore(&map, &cluster, true) {
