@@ -7,6 +7,9 @@
 #
 #   TORTURE_CYCLES=N   crash cycles (default 30; scripts/torture.sh --cycles N)
 #   TORTURE_SEED=S     replay a run (the seed is printed)
+#   TORTURE_WAL_BUFFER=1  with the persistent WAL buffer on /dev/shm: then a
+#                      power cut zeroes WAL from the last *real* fsync (read
+#                      from the buffer file), and the buffer must restore it
 use strict;
 use warnings;
 use IPC::Run;
@@ -14,6 +17,7 @@ use PostgreSQL::Test::Utils;
 use Test::More;
 use Time::HiRes qw(usleep);
 use DelayedDurabilityTest;
+use WalBufferFile;
 
 my $tmp = PostgreSQL::Test::Utils::tempdir('torture');
 my $cycles = $ENV{TORTURE_CYCLES} // 30;
@@ -21,12 +25,16 @@ my $seed = $ENV{TORTURE_SEED} // (time() ^ $$);
 srand($seed);
 diag("crash torture: $cycles cycles, seed $seed (TORTURE_SEED=$seed replays it)");
 
+my $wal_buffer = $ENV{TORTURE_WAL_BUFFER} ? "/dev/shm/dd_torture_$$.buf" : undef;
+END { unlink $wal_buffer if $wal_buffer; }
+diag('with the persistent WAL buffer') if $wal_buffer;
+
 # Default WAL writer timing: the realistic window.
 my $node = new_dd_node('torture', conf => q{
 wal_writer_delay = 200ms
 wal_writer_flush_after = 1MB
 max_wal_size = 4GB
-});
+} . ($wal_buffer ? "delayed_durability.wal_buffer_path = '$wal_buffer'\n" : ''));
 $node->safe_psql('postgres', q{
 CREATE DATABASE db_allowed;
 CREATE DATABASE db_forced;
@@ -122,6 +130,7 @@ sub client_script
 my (%durable, %delayed, %prepared, %seq_seen);
 my ($durable_lost, $delayed_lost, $delayed_total, $max_lost_distance, $bound_violations) = (0, 0, 0, 0, 0);
 my $seq_dups = 0;
+my $cuts_behind_acks = 0;    # power cuts that removed acknowledged WAL the buffer had to restore
 my @clients = ([ 1, 'postgres' ], [ 2, 'db_allowed' ], [ 3, 'db_forced' ], [ 4, 'db_forced' ]);
 
 for my $cycle (1 .. $cycles)
@@ -179,7 +188,19 @@ for my $cycle (1 .. $cycles)
 			}
 		}
 	}
-	my $zeroed = $power_cut ? zero_wal_after($node, $known_flushed) : 0;
+	my $cut_at = $known_flushed;
+	if ($wal_buffer)
+	{
+		# What the buffer holds was never fsynced to pg_wal: cut there.
+		my $h = read_wal_buffer($wal_buffer);
+		my $last_real_fsync = @{ $h->{records} } ? $h->{records}[0]{lsn} : $h->{synced_lsn};
+		if ($last_real_fsync && $last_real_fsync < $cut_at)
+		{
+			$cut_at = $last_real_fsync;
+			$cuts_behind_acks++ if $power_cut;
+		}
+	}
+	my $zeroed = $power_cut ? zero_wal_after($node, $cut_at) : 0;
 	$node->start;
 
 	# Atomicity: every transaction is all there or absent, checksum intact.
@@ -254,4 +275,7 @@ diag(sprintf('crash torture result: %d cycles, durable commits lost 0 of %d; del
 		$delayed_total, $max_lost_distance));
 
 $node->stop;
+cmp_ok($cuts_behind_acks, '>', 0, 'some power cuts removed acknowledged WAL that only the buffer held')
+  if $wal_buffer && $cycles >= 10;
+
 done_testing();

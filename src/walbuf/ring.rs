@@ -5,9 +5,18 @@
 //! call in here with WALWriteLock held. The counters are atomics because the
 //! status function reads them without it.
 //!
-//! Invariant: only the segment being written (`current`) can have bytes that
-//! are neither fsynced in pg_wal nor in the buffer's committed records, and
-//! then `uncovered` is set and its next fsync is real.
+//! Invariant: the buffer only holds WAL of the segment being written
+//! (`current`). When PostgreSQL starts writing the next segment, the
+//! previous one is complete: it is fsynced (a drain) before the first byte
+//! of the next one enters the buffer. Only `current` can have bytes that are
+//! neither fsynced in pg_wal nor in the buffer, and then `uncovered` is set
+//! and its next fsync is real.
+//!
+//! PostgreSQL also fsyncs a segment the moment its last page is complete.
+//! A write reaching the end of the segment does not say whether that page is
+//! complete (the last page is rewritten as it fills), so that fsync is
+//! skipped like any other; the drain on the first write of the next segment
+//! takes its place.
 
 use super::format::{self, HEADER_SIZE, OFF_SYNCED_LSN, OFF_SYNCED_TLI, OFF_TAIL};
 use super::pmem::Mapping;
@@ -32,8 +41,6 @@ pub struct Shared {
     dirty: bool,
     /// Some of them are not in the buffer (a write too large for it).
     uncovered: bool,
-    /// A write reached the end of the segment: PostgreSQL fsyncs it now.
-    finished: bool,
     pub bytes_persisted: AtomicU64,
     pub fsyncs_avoided: AtomicU64,
     pub drains: AtomicU64,
@@ -59,7 +66,6 @@ impl Shared {
         self.covered_end = 0;
         self.dirty = false;
         self.uncovered = false;
-        self.finished = false;
     }
 }
 
@@ -100,8 +106,8 @@ impl Ring<'_> {
         if let Some(cur) = self.shared.current() {
             if cur != seg {
                 if self.shared.dirty {
-                    // Not expected (PostgreSQL fsyncs a segment when it is
-                    // finished), but the buffer must never mix segments.
+                    // The previous segment is finished: fsync it and empty
+                    // the buffer, which never mixes segments.
                     self.drain(None)?;
                 }
                 self.shared.has_current = false;
@@ -133,9 +139,6 @@ impl Ring<'_> {
         self.shared.dirty = true;
         self.shared.final_end = self.shared.final_end.max(nonzero_end);
         self.shared.covered_end = self.shared.covered_end.max(end);
-        if end >= self.segment_size {
-            self.shared.finished = true;
-        }
         Ok(())
     }
 
@@ -143,7 +146,7 @@ impl Ring<'_> {
     pub fn on_fsync(&self, seg: Segment) -> SyncDecision {
         match self.shared.current() {
             Some(cur) if cur == seg => {
-                if self.shared.finished || self.shared.uncovered {
+                if self.shared.uncovered {
                     SyncDecision::Real { drains: true }
                 } else {
                     self.shared.fsyncs_avoided.fetch_add(1, Ordering::Relaxed);
