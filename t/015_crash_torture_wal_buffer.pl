@@ -6,6 +6,13 @@
 #   TORTURE_CYCLES=N (default 15), TORTURE_SEED=S as for 011.
 use strict;
 use warnings;
+# Loaded at compile time: the test framework sets itself up in INIT blocks,
+# which do not run for modules first loaded by the `do` below.
+use PostgreSQL::Test::Cluster;
+use PostgreSQL::Test::Utils;
+use Test::More;
+use DelayedDurabilityTest;
+use WalBufferFile;
 
 $ENV{TORTURE_WAL_BUFFER} = 1;
 $ENV{TORTURE_CYCLES} //= 15;
