@@ -1,19 +1,22 @@
 #!/usr/bin/env bash
 # The whole test suite: installs what it needs, builds and installs the
-# extension, runs the pg_regress tests (sql/, expected/) and the Perl TAP
-# tests (t/*.pl) as the postgres user. Run as root on Debian 12.
+# extension, runs the Rust unit tests (WAL buffer format), the pg_regress
+# tests (sql/, expected/) and the Perl TAP tests (t/*.pl) as the postgres
+# user. Run as root on Debian 12.
 #   bash scripts/test.sh            everything
+#   bash scripts/test.sh --unit     only the Rust unit tests
 #   bash scripts/test.sh --regress  only pg_regress
 #   bash scripts/test.sh --tap [t/NNN_x.pl ...]  only TAP (all or the named files)
 set -euo pipefail
 source "$(dirname "$0")/common.sh"
 
-run_regress=1 run_tap=1 tap_files=()
+run_unit=1 run_regress=1 run_tap=1 tap_files=()
 case "${1:-}" in
-    --regress) run_tap=0 ;;
-    --tap) run_regress=0; shift; tap_files=("$@") ;;
+    --unit) run_regress=0; run_tap=0 ;;
+    --regress) run_unit=0; run_tap=0 ;;
+    --tap) run_unit=0; run_regress=0; shift; tap_files=("$@") ;;
     "") ;;
-    *) echo "usage: $0 [--regress | --tap [t/file.pl ...]]" >&2; exit 2 ;;
+    *) echo "usage: $0 [--unit | --regress | --tap [t/file.pl ...]]" >&2; exit 2 ;;
 esac
 
 install_dependencies
@@ -23,6 +26,18 @@ passed=0 failed=0
 work=$(postgres_workdir test)
 cp -r "$REPO_ROOT/sql" "$REPO_ROOT/expected" "$REPO_ROOT/t" "$REPO_ROOT/pgbench" "$work/"
 chown -R postgres: "$work"
+
+if [ $run_unit = 1 ]; then
+    log "Rust unit tests (cargo test --lib)"
+    set +e
+    (cd "$REPO_ROOT" && cargo test --lib 2>&1) | tee "$work/unit.log"
+    unit_status=${PIPESTATUS[0]}
+    set -e
+    ok=$(awk '/^test result:/ { n += $4 } END { print n + 0 }' "$work/unit.log")
+    bad=$(awk '/^test result:/ { n += $6 } END { print n + 0 }' "$work/unit.log")
+    passed=$((passed + ${ok:-0})); failed=$((failed + ${bad:-0}))
+    if [ "$unit_status" != 0 ] && [ "${bad:-0}" = 0 ]; then failed=$((failed + 1)); fi
+fi
 
 if [ $run_regress = 1 ]; then
     log "pg_regress"
@@ -54,6 +69,7 @@ if [ $run_tap = 1 ]; then
         PG_REGRESS="$PGXS/src/test/regress/pg_regress" \
         TESTDIR="$work/tap" REPO_WORK="$work" \
         ${TORTURE_CYCLES:+TORTURE_CYCLES=$TORTURE_CYCLES} ${TORTURE_SEED:+TORTURE_SEED=$TORTURE_SEED} \
+        ${TORTURE_WAL_BUFFER:+TORTURE_WAL_BUFFER=$TORTURE_WAL_BUFFER} \
         prove -v "${tap_files[@]}") 2>&1 | tee "$work/prove.log"
     prove_status=${PIPESTATUS[0]}
     set -e

@@ -206,9 +206,15 @@ fn start(path: &'static CStr, shared: *mut ring::Shared) {
 }
 
 fn check_settings(shown: &str) {
+    // SYNC_METHOD_FDATASYNC (WAL_SYNC_METHOD_FDATASYNC from PostgreSQL 17 on) is 1 in every version.
+    const FDATASYNC: i32 = 1;
     // SAFETY: reading GUC variables set before shared_preload_libraries is processed.
+    #[cfg(not(any(feature = "pg17", feature = "pg18")))]
     let sync_method = unsafe { pg_sys::sync_method };
-    if sync_method != pg_sys::SYNC_METHOD_FDATASYNC as i32 {
+    // SAFETY: as above (the variable was renamed in PostgreSQL 17).
+    #[cfg(any(feature = "pg17", feature = "pg18"))]
+    let sync_method = unsafe { pg_sys::wal_sync_method };
+    if sync_method != FDATASYNC {
         fatal(
             PgSqlErrorCode::ERRCODE_INVALID_PARAMETER_VALUE,
             "delayed_durability.wal_buffer_path requires wal_sync_method = fdatasync".into(),
