@@ -23,6 +23,8 @@ use super::pmem::Mapping;
 use super::segment::Segment;
 use std::sync::atomic::{AtomicU64, Ordering};
 
+const PAGE: usize = pgrx::pg_sys::XLOG_BLCKSZ as usize;
+
 /// In PostgreSQL shared memory; valid when zeroed.
 #[repr(C)]
 pub struct Shared {
@@ -30,13 +32,18 @@ pub struct Shared {
     pub is_pmem: bool,
     has_current: bool,
     current: SegmentFields,
-    /// End of the last non-zero byte written to `current`. PostgreSQL
-    /// writes whole pages and rewrites the last, partial one as it fills;
-    /// bytes before this point never change again and are already fsynced
-    /// or in the buffer, so only what follows is persisted.
-    final_end: u64,
-    /// End of the highest write to `current` (its zero tail included).
-    covered_end: u64,
+    /// End of the highest write to `current`.
+    written_end: u64,
+    /// What was last persisted for the last page written (`shadow_len`
+    /// bytes from offset `shadow_start` of `current`). PostgreSQL writes
+    /// whole pages and rewrites the last, partial one as it fills, while
+    /// other backends may still be copying records into it: a WAL byte
+    /// only ever changes from zero to its final value. Bytes equal to what
+    /// was persisted for them need not be persisted again; from the first
+    /// one that differs, everything is.
+    shadow_start: u64,
+    shadow_len: usize,
+    shadow: [u8; PAGE],
     /// `current` has writes not yet fsynced to pg_wal.
     dirty: bool,
     /// Some of them are not in the buffer (a write too large for it).
@@ -62,8 +69,8 @@ impl Shared {
     fn set_current(&mut self, seg: Segment) {
         self.has_current = true;
         self.current = SegmentFields { tli: seg.tli, segno: seg.segno };
-        self.final_end = 0;
-        self.covered_end = 0;
+        self.written_end = 0;
+        self.shadow_len = 0;
         self.dirty = false;
         self.uncovered = false;
     }
@@ -117,29 +124,37 @@ impl Ring<'_> {
             self.shared.set_current(seg);
         }
         let end = offset + data.len() as u64;
-        let nonzero_end = offset + nonzero_len(data) as u64;
-        if nonzero_end > self.shared.final_end || end > self.shared.covered_end {
-            let from = offset.max(self.shared.final_end);
-            let data_end = nonzero_end.max(from);
-            let new_bytes = &data[(from - offset) as usize..(data_end - offset) as usize];
-            let size = format::record_size(new_bytes.len());
-            if size > self.drain_limit() {
+        let from = offset + self.unchanged_prefix(offset, data) as u64;
+        if from < end {
+            let new_len = (end - from) as usize;
+            if format::record_size(new_len) > self.drain_limit() {
                 // Too large for the buffer: fsync what it holds and let the
                 // next fsync of this segment be real.
                 self.drain(Some(fd))?;
                 self.shared.uncovered = true;
+                self.shared.shadow_len = 0;
             } else {
-                if self.tail() + size > self.drain_limit() {
+                if self.tail() + format::record_size(new_len) > self.drain_limit() {
                     self.drain(Some(fd))?;
                 }
                 let lsn = seg.start_lsn(self.segment_size) + from;
-                self.append(lsn, seg.tli, new_bytes, (end - data_end) as u32)?;
+                self.append(lsn, seg.tli, &data[(from - offset) as usize..], from)?;
             }
         }
         self.shared.dirty = true;
-        self.shared.final_end = self.shared.final_end.max(nonzero_end);
-        self.shared.covered_end = self.shared.covered_end.max(end);
+        self.shared.written_end = self.shared.written_end.max(end);
         Ok(())
+    }
+
+    /// How many leading bytes of a write at `offset` equal what was last
+    /// persisted for them.
+    fn unchanged_prefix(&self, offset: u64, data: &[u8]) -> usize {
+        let sh = &*self.shared;
+        let shadow_end = sh.shadow_start + sh.shadow_len as u64;
+        if offset < sh.shadow_start || offset >= shadow_end {
+            return 0;
+        }
+        common_prefix(&sh.shadow[(offset - sh.shadow_start) as usize..sh.shadow_len], data)
     }
 
     /// Decides what an fdatasync of segment `seg` does.
@@ -188,7 +203,7 @@ impl Ring<'_> {
     fn reset(&mut self) -> Result<(), Errno> {
         let mut fields = [0u8; 24];
         if let Some(cur) = self.shared.current() {
-            format::put_u64(&mut fields, 8, cur.start_lsn(self.segment_size) + self.shared.final_end);
+            format::put_u64(&mut fields, 8, cur.start_lsn(self.segment_size) + self.shared.written_end);
             format::put_u32(&mut fields, 16, cur.tli);
         }
         // tail (0), synced lsn and its timeline are adjacent header fields.
@@ -199,40 +214,119 @@ impl Ring<'_> {
         Ok(())
     }
 
-    fn append(&mut self, lsn: u64, tli: u32, data: &[u8], zeros: u32) -> Result<(), Errno> {
+    /// Appends the WAL bytes `source` that PostgreSQL writes at `in_segment`
+    /// (WAL position `lsn`). `source` may still be changing (bytes past the
+    /// flush request are being filled in by other backends), so everything
+    /// (trimming, checksum, shadow) is computed from the copy in the buffer.
+    fn append(&mut self, lsn: u64, tli: u32, source: &[u8], in_segment: u64) -> Result<(), Errno> {
         let tail = self.tail();
         let at = HEADER_SIZE + tail;
-        let size = format::record_size(data.len());
+        let data_at = at + format::RECORD_HEADER_SIZE;
+        // Bytes seen as zero here are recorded as zero even if a backend
+        // fills them in a moment later: the next write persists them.
+        let len = nonzero_len(source);
+        // SAFETY: at + record_size(source.len()) <= HEADER_SIZE + drain limit
+        // < map.len (checked by the caller); source is a valid slice.
+        let data = unsafe {
+            std::ptr::copy_nonoverlapping(source.as_ptr(), self.map.addr.add(data_at), len);
+            std::slice::from_raw_parts(self.map.addr.add(data_at), len)
+        };
+        let zeros = (source.len() - len) as u32;
         let header = format::record_header(lsn, tli, data, zeros);
-        // SAFETY: at + size <= HEADER_SIZE + drain limit < map.len (checked by the caller).
-        unsafe {
-            std::ptr::copy_nonoverlapping(header.as_ptr(), self.map.addr.add(at), header.len());
-            std::ptr::copy_nonoverlapping(
-                data.as_ptr(),
-                self.map.addr.add(at + header.len()),
-                data.len(),
-            );
-        }
+        // SAFETY: the header's 24 bytes precede the data, inside the mapping.
+        unsafe { std::ptr::copy_nonoverlapping(header.as_ptr(), self.map.addr.add(at), header.len()) };
+        let size = format::record_size(len);
         // The record is durable before the tail counts it: a crash in
         // between leaves a torn record past the tail, which is never read.
         self.map.persist(at, size).map_err(|_| libc::EIO)?;
         self.map
             .write_persist(OFF_TAIL, &((tail + size) as u64).to_le_bytes())
             .map_err(|_| libc::EIO)?;
-        self.shared.bytes_persisted.fetch_add(data.len() as u64, Ordering::Relaxed);
+        self.shared.bytes_persisted.fetch_add(len as u64, Ordering::Relaxed);
+        // SAFETY: as above; the copy in the buffer does not change any more.
+        let data = unsafe { std::slice::from_raw_parts(self.map.addr.add(data_at), len) };
+        self.remember_last_page(in_segment, data, zeros as usize);
         Ok(())
     }
+
+    /// Keeps what was persisted for the last page of a write: `data` then
+    /// `zeros` zero bytes from `in_segment` on (before them the page equals
+    /// the previous shadow, see unchanged_prefix).
+    fn remember_last_page(&mut self, in_segment: u64, data: &[u8], zeros: usize) {
+        let end = in_segment + (data.len() + zeros) as u64;
+        let page_start = (end - 1) / PAGE as u64 * PAGE as u64;
+        let sh = &mut *self.shared;
+        // Where the page starts in the persisted range, or where the
+        // persisted range starts in the page.
+        let (skip, at) = if in_segment <= page_start {
+            ((page_start - in_segment) as usize, 0)
+        } else if sh.shadow_start == page_start && sh.shadow_len >= (in_segment - page_start) as usize {
+            (0, (in_segment - page_start) as usize)
+        } else {
+            sh.shadow_len = 0; // the start of this page is not known
+            return;
+        };
+        let part = data.get(skip..).unwrap_or(&[]);
+        let len = (end - page_start) as usize - at;
+        sh.shadow_start = page_start;
+        sh.shadow[at..at + part.len()].copy_from_slice(part);
+        sh.shadow[at + part.len()..at + len].fill(0);
+        sh.shadow_len = at + len;
+    }
+}
+
+fn word(data: &[u8], at: usize) -> u64 {
+    u64::from_le_bytes(data[at..at + 8].try_into().unwrap())
 }
 
 /// Length of `data` without its trailing zero bytes.
 fn nonzero_len(data: &[u8]) -> usize {
     let mut n = data.len();
-    // Eight bytes at a time through the (usually long) zero tail of a page.
-    while n >= 8 && data[n - 8..n] == [0u8; 8] {
-        n -= 8;
+    // 32 bytes at a time through the (usually long) zero tail of a page.
+    while n >= 32 && (word(data, n - 32) | word(data, n - 24) | word(data, n - 16) | word(data, n - 8)) == 0 {
+        n -= 32;
     }
     while n > 0 && data[n - 1] == 0 {
         n -= 1;
     }
     n
+}
+
+/// How many leading bytes `a` and `b` have in common.
+fn common_prefix(a: &[u8], b: &[u8]) -> usize {
+    let n = a.len().min(b.len());
+    let mut i = 0;
+    while i + 8 <= n {
+        let diff = word(a, i) ^ word(b, i);
+        if diff != 0 {
+            return i + (diff.trailing_zeros() / 8) as usize;
+        }
+        i += 8;
+    }
+    while i < n && a[i] == b[i] {
+        i += 1;
+    }
+    i
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn prefix_and_zero_tail() {
+        let mut a = vec![7u8; 300];
+        let b = a.clone();
+        assert_eq!(common_prefix(&a, &b), 300);
+        a[130] = 0;
+        assert_eq!(common_prefix(&a, &b), 130);
+        assert_eq!(common_prefix(&a[..10], &b), 10);
+        let mut page = vec![0u8; 8192];
+        assert_eq!(nonzero_len(&page), 0);
+        page[100] = 1;
+        page[4000] = 2;
+        assert_eq!(nonzero_len(&page), 4001);
+        page[8191] = 3;
+        assert_eq!(nonzero_len(&page), 8192);
+    }
 }
