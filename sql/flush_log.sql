@@ -76,3 +76,8 @@ SELECT wal_buffer_is_pmem IS NULL AS buffer_off,
        wal_buffer_bytes_persisted + wal_buffer_fsyncs_avoided
          + wal_buffer_drains + wal_buffer_restored_bytes AS buffer_counters
   FROM delayed_durability_status();
+
+-- The buffer's settings: defaults, and only at server start.
+SHOW delayed_durability.wal_buffer_path;
+SHOW delayed_durability.wal_buffer_size;
+SET delayed_durability.wal_buffer_size = '32MB';

@@ -17,6 +17,9 @@ use std::ffi::{c_char, c_int, c_void, CStr};
 const RELOCATION_TYPES: [u32; 2] = [6 /* R_X86_64_GLOB_DAT */, 7 /* R_X86_64_JUMP_SLOT */];
 #[cfg(target_arch = "aarch64")]
 const RELOCATION_TYPES: [u32; 2] = [1025 /* R_AARCH64_GLOB_DAT */, 1026 /* R_AARCH64_JUMP_SLOT */];
+// Elsewhere nothing matches and install() reports the platform as unsupported.
+#[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
+const RELOCATION_TYPES: [u32; 0] = [];
 
 const DT_NULL: i64 = 0;
 const DT_PLTRELSZ: i64 = 2;
