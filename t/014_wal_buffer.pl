@@ -143,6 +143,32 @@ write_at($buffer, 4096 + $h->{tail}, 'torn record bytes, never committed');
 $node->start;
 is($node->safe_psql('postgres', 'SELECT count(*) FROM t'), '700', 'torn bytes past the tail ignored; all commits present');
 
+# A crash of one server process: the postmaster reinitializes and restores the
+# buffer before crash recovery, as at a start.
+$node->safe_psql('postgres', insert_script(701, 705));
+my $log_start = -s $node->logfile;
+# Any child killed by a signal makes the postmaster reset shared memory
+# (the test framework turns that off by default).
+$node->append_conf('postgresql.conf', "restart_after_crash = on\n");
+$node->reload;
+my $victim = $node->safe_psql('postgres', "SELECT pid FROM pg_stat_activity WHERE backend_type = 'walwriter'");
+kill 'KILL', $victim;
+$node->poll_query_until('postgres', 'SELECT true') or die 'no reconnection after the crash';
+like(substr(slurp_file($node->logfile), $log_start), qr/terminated by signal 9.*restored \d+ bytes of WAL/s,
+	'crash of one process: buffer restored before crash recovery');
+is($node->safe_psql('postgres', 'SELECT count(*) FROM t'), '705', 'all commits present after that crash');
+
+# A changed wal_buffer_size: the old file's WAL is restored, then it is resized.
+$node->safe_psql('postgres', insert_script(706, 710));
+kill_everything($node);
+ok(@{ read_wal_buffer($buffer)->{records} } > 0, 'buffer holds records before the resize');
+$node->append_conf('postgresql.conf', "delayed_durability.wal_buffer_size = 1MB\n");
+$log_start = -s $node->logfile;
+$node->start;
+like(substr(slurp_file($node->logfile), $log_start), qr/restored \d+ bytes of WAL/, 'resize: old content restored first');
+is(-s $buffer, 1024 * 1024, 'resize: file now 1MB');
+is($node->safe_psql('postgres', 'SELECT count(*) FROM t'), '710', 'resize: all commits present');
+
 # 5. A standby ignores the buffer.
 $node->backup('b');
 my $standby = PostgreSQL::Test::Cluster->new('walbuf_standby');
@@ -151,11 +177,11 @@ my $standby_buffer = "/dev/shm/dd_tap_standby_$$.buf";
 push @cleanup, $standby_buffer;
 $standby->append_conf('postgresql.conf', "delayed_durability.wal_buffer_path = '$standby_buffer'\n");
 $standby->start;
-$node->safe_psql('postgres', insert_script(701, 710));
+$node->safe_psql('postgres', insert_script(711, 720));
 $node->wait_for_catchup($standby);
 like(slurp_file($standby->logfile), qr/standby mode, the persistent WAL buffer .* is not used/, 'standby logs that it ignores the buffer');
 is($standby->safe_psql('postgres', 'SELECT wal_buffer_is_pmem IS NULL FROM delayed_durability_status()'), 't', 'standby: buffer off');
-is($standby->safe_psql('postgres', 'SELECT count(*) FROM t'), '710', 'standby replays the primary\'s WAL');
+is($standby->safe_psql('postgres', 'SELECT count(*) FROM t'), '720', 'standby replays the primary\'s WAL');
 $standby->stop;
 $node->stop;
 
