@@ -19,7 +19,7 @@ import threading
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from harness import Cluster, Progress, measure, as_postgres  # noqa: E402
+from harness import Cluster, Progress, measure, as_postgres, wal_sync_total  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 SETUP_SQL = open(os.path.join(HERE, "setup.sql")).read()
@@ -199,7 +199,7 @@ def exp4_concurrent(c, scale, log):
         log(f"exp 4: {label}, {clients} clients x {iterations} iterations x {rows_per} rows")
         c.psql(f"TRUNCATE t1; CHECKPOINT; ALTER SYSTEM SET delayed_durability.mode = '{mode}'; SELECT pg_reload_conf();")
         time.sleep(0.2)
-        before = int(c.value("SELECT pg_stat_force_next_flush();\nSELECT wal_sync FROM pg_stat_wal;"))
+        before = wal_sync_total(c)
         stop, samples = threading.Event(), []
         t0 = time.monotonic()
         sampler = threading.Thread(target=sample_wal_syncs, args=(c, stop, samples, t0))
@@ -210,7 +210,7 @@ def exp4_concurrent(c, scale, log):
         time.sleep(1.1)  # let backends publish their last WAL statistics
         stop.set()
         sampler.join()
-        after = int(c.value("SELECT pg_stat_force_next_flush();\nSELECT wal_sync FROM pg_stat_wal;"))
+        after = wal_sync_total(c)
         commits = clients * iterations * rows_per
         results.append(dict(variant=label, clients=clients, commits=commits, seconds=round(secs, 2),
                             flushes=after - before, commits_per_second=round(commits / secs),
@@ -281,10 +281,10 @@ def exp5_pmem(c, scale, log):
                 log(f"exp 5: pgbench single-row inserts, {clients} client(s), {label}")
                 cl.psql(f"ALTER SYSTEM SET delayed_durability.mode = '{mode}'; SELECT pg_reload_conf();")
                 time.sleep(0.2)
-                before = int(cl.value("SELECT pg_stat_force_next_flush();\nSELECT wal_sync FROM pg_stat_wal;"))
+                before = wal_sync_total(cl)
                 tps, done = cl.pgbench(os.path.join(cl.dir, "insert_single.sql"), clients, seconds=seconds)
                 time.sleep(1.1)  # let backends publish their last WAL statistics
-                after = int(cl.value("SELECT pg_stat_force_next_flush();\nSELECT wal_sync FROM pg_stat_wal;"))
+                after = wal_sync_total(cl)
                 cl.psql("ALTER SYSTEM RESET delayed_durability.mode; SELECT pg_reload_conf();")
                 tput.append(dict(variant=label, clients=clients, transactions=done, tps=round(tps),
                                  flushes=after - before))
