@@ -169,6 +169,30 @@ like(substr(slurp_file($node->logfile), $log_start), qr/restored \d+ bytes of WA
 is(-s $buffer, 1024 * 1024, 'resize: file now 1MB');
 is($node->safe_psql('postgres', 'SELECT count(*) FROM t'), '710', 'resize: all commits present');
 
+# A full buffer drains: with 1MB (768kB before a drain) one transaction of
+# several MB of WAL cannot stay in the buffer and is really fsynced; a power
+# cut from the last real fsync then keeps it.
+my $drains_before = status($node)->{drains};
+$node->safe_psql('postgres', "INSERT INTO t SELECT i, repeat('y', 200) FROM generate_series(100001, 115000) AS i");
+cmp_ok(status($node)->{drains}, '>', $drains_before, 'full buffer: real fsyncs (wal_buffer_drains grows)');
+$node->safe_psql('postgres', insert_script(711, 720));
+kill_everything($node);
+$h = read_wal_buffer($buffer);
+zero_wal_after($node, @{ $h->{records} } ? $h->{records}[0]{lsn} : $h->{synced_lsn});
+$node->start;
+is($node->safe_psql('postgres', 'SELECT count(*) FROM t'), '15720', 'full buffer: the big transaction and later commits survive a power cut');
+
+# Switching wal_sync_method by reload stays durable: WAL fsyncs are real again.
+$node->append_conf('postgresql.conf', "wal_sync_method = fsync\n");
+$node->reload;
+$before = status($node);
+$node->safe_psql('postgres', insert_script(721, 740));
+$after = status($node);
+is($after->{avoided} - $before->{avoided}, 0, 'wal_sync_method = fsync: no fsync skipped');
+cmp_ok($after->{wal_sync} - $before->{wal_sync}, '>=', 20, 'wal_sync_method = fsync: each commit fsyncs');
+$node->append_conf('postgresql.conf', "wal_sync_method = fdatasync\n");
+$node->reload;
+
 # 5. A standby ignores the buffer.
 $node->backup('b');
 my $standby = PostgreSQL::Test::Cluster->new('walbuf_standby');
@@ -177,11 +201,11 @@ my $standby_buffer = "/dev/shm/dd_tap_standby_$$.buf";
 push @cleanup, $standby_buffer;
 $standby->append_conf('postgresql.conf', "delayed_durability.wal_buffer_path = '$standby_buffer'\n");
 $standby->start;
-$node->safe_psql('postgres', insert_script(711, 720));
+$node->safe_psql('postgres', insert_script(741, 750));
 $node->wait_for_catchup($standby);
 like(slurp_file($standby->logfile), qr/standby mode, the persistent WAL buffer .* is not used/, 'standby logs that it ignores the buffer');
 is($standby->safe_psql('postgres', 'SELECT wal_buffer_is_pmem IS NULL FROM delayed_durability_status()'), 't', 'standby: buffer off');
-is($standby->safe_psql('postgres', 'SELECT count(*) FROM t'), '720', 'standby replays the primary\'s WAL');
+is($standby->safe_psql('postgres', 'SELECT count(*) FROM t'), '15750', 'standby replays the primary\'s WAL');
 $standby->stop;
 $node->stop;
 
