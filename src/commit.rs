@@ -1,13 +1,22 @@
 //! The commit decision: the policy layered over `synchronous_commit`.
 //!
 //! At `XACT_EVENT_PRE_COMMIT` the policy decides whether this commit is
-//! delayed. Raising `off` to `on` goes through
-//! `set_config_option(..., GUC_ACTION_LOCAL)` so that the GUC's assign hook
-//! sets the sync-replication wait mode, and the change is undone when the
-//! transaction ends; switching a commit to `off` is done directly (see
-//! `delay_this_commit`). Nothing is done when the effective level already
-//! matches, so the default configuration costs a GUC read and a comparison
-//! per commit.
+//! delayed and sets the commit level for it: `off` to delay, `on` to make
+//! an asynchronous session's commit durable. It does so whether or not the
+//! transaction has an xid yet: `PreCommit_Notify()` assigns one after the
+//! pre-commit callbacks (a NOTIFY-only transaction), and ON COMMIT DROP
+//! drops files after them. The level is written with the GUC's assign hook
+//! called directly (no set_config_option per commit) and put back at
+//! `XACT_EVENT_COMMIT` or `XACT_EVENT_ABORT`, before `AtEOXact_GUC`.
+//!
+//! The outcome is counted at `XACT_EVENT_COMMIT`, when the commit record is
+//! written and what PostgreSQL flushed anyway is known (the xid, pending
+//! file deletions, COMMIT PREPARED, CREATE/DROP DATABASE...).
+//!
+//! The callbacks below call no PostgreSQL function that raises an error
+//! (reading the xid and pending deletions, the assign hook), so no error
+//! passes through a Rust frame here. The utility hook, below which every
+//! utility statement runs, is a C trampoline (src/c/hooks.c) for that reason.
 
 use crate::guc::{self, Mode};
 use crate::stats::{self, Counter};
@@ -16,16 +25,13 @@ use pgrx::prelude::*;
 use std::cell::Cell;
 use std::ffi::CStr;
 
-/// What the policy decided for the commit in progress, counted once the
-/// commit record is written.
+/// What the policy decided at pre-commit.
 #[derive(Clone, Copy)]
-struct CommitOutcome {
-    /// The transaction wrote a commit record (it had an xid, or it is
-    /// COMMIT PREPARED); read-only commits are not counted.
-    counted: bool,
-    delayed: bool,
-    /// The policy said delayed, PostgreSQL made it durable anyway.
-    forced_durable: bool,
+struct Decision {
+    /// The policy asked for a delayed commit.
+    wanted_delayed: bool,
+    /// ... but something in the transaction needs it durable.
+    required_durable: bool,
     ignored_request: bool,
 }
 
@@ -37,9 +43,11 @@ struct XactState {
     core_forces_sync: Cell<bool>,
     /// This transaction runs COMMIT PREPARED (always flushed by PostgreSQL).
     commit_prepared: Cell<bool>,
-    outcome: Cell<Option<CommitOutcome>>,
+    /// The extension needs this commit durable (see require_durable_commit).
+    durable_required: Cell<bool>,
+    decision: Cell<Option<Decision>>,
     /// synchronous_commit to put back once the commit is done, when the
-    /// policy switched it off for this commit.
+    /// policy changed it for this commit.
     restore_level: Cell<Option<i32>>,
 }
 // SAFETY: a PostgreSQL backend runs this code on one thread only.
@@ -49,58 +57,82 @@ static STATE: XactState = XactState {
     requested: Cell::new(false),
     core_forces_sync: Cell::new(false),
     commit_prepared: Cell::new(false),
-    outcome: Cell::new(None),
+    durable_required: Cell::new(false),
+    decision: Cell::new(None),
     restore_level: Cell::new(None),
 };
 
 impl XactState {
     fn reset(&self) {
         if let Some(level) = self.restore_level.take() {
-            // SAFETY: puts back the value read in delay_this_commit().
-            unsafe { pg_sys::synchronous_commit = level };
+            set_commit_level(level);
         }
         self.requested.set(false);
         self.core_forces_sync.set(false);
         self.commit_prepared.set(false);
-        self.outcome.set(None);
+        self.durable_required.set(false);
+        self.decision.set(None);
     }
 }
 
-static mut PREV_PROCESS_UTILITY_HOOK: pg_sys::ProcessUtility_hook_type = None;
+unsafe extern "C-unwind" {
+    /// src/c/hooks.c; only stores function pointers.
+    fn dd_install_process_utility_hook();
+}
 
 pub fn install_hooks() {
     // SAFETY: called once from _PG_init in the postmaster; backends inherit
     // the callback and the hook. The previous utility hook is chained.
     unsafe {
         pg_sys::RegisterXactCallback(Some(xact_callback), std::ptr::null_mut());
-        PREV_PROCESS_UTILITY_HOOK = pg_sys::ProcessUtility_hook;
-        pg_sys::ProcessUtility_hook = Some(process_utility);
+        dd_install_process_utility_hook();
     }
 }
 
+/// Makes the commit of the current transaction durable whatever the policy
+/// says (counted as forced durable when the policy wanted it delayed).
+pub fn require_durable_commit() {
+    STATE.durable_required.set(true);
+}
+
 #[pg_guard]
-unsafe extern "C-unwind" fn xact_callback(
-    event: pg_sys::XactEvent::Type,
-    _arg: *mut std::ffi::c_void,
-) {
+unsafe extern "C-unwind" fn xact_callback(event: pg_sys::XactEvent::Type, _arg: *mut std::ffi::c_void) {
     match event {
         pg_sys::XactEvent::XACT_EVENT_PRE_COMMIT => before_commit(),
         pg_sys::XactEvent::XACT_EVENT_COMMIT => after_commit(),
-        pg_sys::XactEvent::XACT_EVENT_ABORT | pg_sys::XactEvent::XACT_EVENT_PREPARE => {
-            STATE.reset()
-        }
+        pg_sys::XactEvent::XACT_EVENT_ABORT | pg_sys::XactEvent::XACT_EVENT_PREPARE => STATE.reset(),
         _ => {}
     }
 }
 
-fn synchronous_commit_is_off() -> bool {
+fn commit_level() -> i32 {
     // SAFETY: plain read of a backend-local GUC variable.
-    let level = unsafe { pg_sys::synchronous_commit };
-    level == pg_sys::SyncCommitLevel::SYNCHRONOUS_COMMIT_OFF as i32
+    unsafe { pg_sys::synchronous_commit }
+}
+
+const OFF: i32 = pg_sys::SyncCommitLevel::SYNCHRONOUS_COMMIT_OFF as i32;
+const ON: i32 = pg_sys::SyncCommitLevel::SYNCHRONOUS_COMMIT_REMOTE_FLUSH as i32;
+
+/// Sets synchronous_commit and, through its assign hook, the wait mode for
+/// synchronous replication that goes with it (what set_config_option would
+/// do, without its per-call cost).
+fn set_commit_level(level: i32) {
+    // SAFETY: the backend-local GUC variable and its assign hook, which only
+    // sets syncrep.c's wait mode from the level and raises nothing.
+    unsafe {
+        pg_sys::synchronous_commit = level;
+        pg_sys::assign_synchronous_commit(level, std::ptr::null_mut());
+    }
+}
+
+/// For this commit only; put back by XactState::reset().
+fn change_commit_level(level: i32) {
+    STATE.restore_level.set(Some(commit_level()));
+    set_commit_level(level);
 }
 
 fn transaction_has_xid() -> bool {
-    // SAFETY: valid inside a transaction, which PRE_COMMIT is.
+    // SAFETY: valid inside a transaction, up to the end of the commit callbacks.
     let xid = unsafe { pg_sys::GetTopTransactionIdIfAny() };
     xid != pg_sys::InvalidTransactionId
 }
@@ -124,94 +156,58 @@ fn commit_drops_relation_files() -> bool {
     }
 }
 
-/// Raises synchronous_commit = off to on for this commit only (disabled
-/// mode); the assign hook sets the sync-replication wait mode to match.
-fn raise_to_durable() {
-    // SAFETY: documented GUC API; GUC_ACTION_LOCAL is undone by AtEOXact_GUC
-    // later in CommitTransaction, and errors are raised as PostgreSQL errors.
-    unsafe {
-        pg_sys::set_config_option(
-            c"synchronous_commit".as_ptr(),
-            c"on".as_ptr(),
-            pg_sys::GucContext::PGC_USERSET,
-            pg_sys::GucSource::PGC_S_SESSION,
-            pg_sys::GucAction::GUC_ACTION_LOCAL,
-            true,
-            pg_sys::PGERROR as i32,
-            false,
-        );
-    }
-}
-
-/// Makes this commit asynchronous. This is the hot path of `forced` (and of
-/// opted-in commits), so it writes the variable instead of going through
-/// set_config_option: for `off` nothing else needs updating, because every
-/// reader at commit (RecordTransactionCommit, and SyncRepWaitForLSN through
-/// SyncRepRequested()) only compares the level against off/local, and the
-/// sync-replication wait mode set by the assign hook is never consulted.
-/// The old value is put back at XACT_EVENT_COMMIT or ABORT, before
-/// AtEOXact_GUC runs. Raising a level (disabled mode) does need the assign
-/// hook, and uses set_config_option.
-fn delay_this_commit() {
-    // SAFETY: backend-local GUC variable, restored in XactState::reset().
-    unsafe {
-        STATE.restore_level.set(Some(pg_sys::synchronous_commit));
-        pg_sys::synchronous_commit = pg_sys::SyncCommitLevel::SYNCHRONOUS_COMMIT_OFF as i32;
-    }
-}
-
 fn before_commit() {
     let mode = guc::mode();
     let requested = STATE.requested.get();
-    let sync_off = synchronous_commit_is_off();
-    let want_delayed = match mode {
+    let sync_off = commit_level() == OFF;
+    let wanted_delayed = match mode {
         Mode::Disabled => false,
         Mode::Allowed => requested || sync_off,
         Mode::Forced => true,
     };
-    let has_xid = transaction_has_xid();
-    // Without an xid no commit record is flushed either way.
-    if has_xid && want_delayed != sync_off {
-        if want_delayed {
-            delay_this_commit();
-        } else {
-            raise_to_durable();
-        }
+    let required_durable = STATE.durable_required.get();
+    let delayed = wanted_delayed && !required_durable;
+    if delayed && !sync_off {
+        change_commit_level(OFF);
+    } else if !delayed && sync_off {
+        change_commit_level(ON);
     }
-    let commit_prepared = STATE.commit_prepared.get();
-    let forced_durable = want_delayed
-        && (commit_prepared
-            || (has_xid && (STATE.core_forces_sync.get() || commit_drops_relation_files())));
-    STATE.outcome.set(Some(CommitOutcome {
-        counted: has_xid || commit_prepared,
-        delayed: want_delayed && !forced_durable,
-        forced_durable,
+    STATE.decision.set(Some(Decision {
+        wanted_delayed,
+        required_durable,
         ignored_request: requested && mode == Mode::Disabled,
     }));
 }
 
 fn after_commit() {
-    if let Some(outcome) = STATE.outcome.get() {
-        if outcome.counted {
-            stats::count(if outcome.delayed {
-                Counter::CommitsDelayed
-            } else {
-                Counter::CommitsDurable
-            });
-            if outcome.forced_durable {
+    if let Some(decision) = STATE.decision.get() {
+        let commit_prepared = STATE.commit_prepared.get();
+        // A commit record was written: the transaction had an xid by the
+        // time it committed, or it committed a prepared transaction.
+        if commit_prepared || transaction_has_xid() {
+            let flushed_anyway =
+                commit_prepared || STATE.core_forces_sync.get() || commit_drops_relation_files();
+            let forced_durable = decision.wanted_delayed && (flushed_anyway || decision.required_durable);
+            let delayed = decision.wanted_delayed && !forced_durable;
+            stats::count(if delayed { Counter::CommitsDelayed } else { Counter::CommitsDurable });
+            if forced_durable {
                 stats::count(Counter::CommitsForcedDurable);
             }
         }
-        if outcome.ignored_request {
+        if decision.ignored_request {
             stats::count(Counter::DelayedRequestsIgnored);
         }
     }
     STATE.reset();
 }
 
-/// Notes the utility commands whose commit PostgreSQL always flushes, so the
-/// counters can tell "forced durable by core" apart from the policy.
-fn note_utility_statement(stmt: *mut pg_sys::Node) {
+/// Called by the utility hook (src/c/hooks.c) before every utility
+/// statement: notes the commands whose commit PostgreSQL always flushes, so
+/// the counters can tell "forced durable by core" apart from the policy.
+/// Reads the parse tree only; raises nothing.
+#[no_mangle]
+#[pg_guard]
+pub unsafe extern "C-unwind" fn dd_note_utility_statement(stmt: *mut pg_sys::Node) {
     if stmt.is_null() {
         return;
     }
@@ -230,88 +226,19 @@ fn note_utility_statement(stmt: *mut pg_sys::Node) {
             | pg_sys::NodeTag::T_DropTableSpaceStmt => STATE.core_forces_sync.set(true),
             pg_sys::NodeTag::T_AlterDatabaseStmt => {
                 // Only ALTER DATABASE ... SET TABLESPACE moves files.
-                let options = pgrx::PgList::<pg_sys::DefElem>::from_pg(
-                    (*(stmt as *mut pg_sys::AlterDatabaseStmt)).options,
-                );
-                if options
-                    .iter_ptr()
-                    .any(|d| CStr::from_ptr((*d).defname).to_bytes() == b"tablespace")
-                {
+                let options =
+                    pgrx::PgList::<pg_sys::DefElem>::from_pg((*(stmt as *mut pg_sys::AlterDatabaseStmt)).options);
+                if options.iter_ptr().any(|d| CStr::from_ptr((*d).defname).to_bytes() == b"tablespace") {
                     STATE.core_forces_sync.set(true);
                 }
             }
+            pg_sys::NodeTag::T_DiscardStmt => {
+                let target = (*(stmt as *mut pg_sys::DiscardStmt)).target;
+                if target == pg_sys::DiscardMode::DISCARD_ALL || target == pg_sys::DiscardMode::DISCARD_SEQUENCES {
+                    crate::sequence::discard_session_values();
+                }
+            }
             _ => {}
-        }
-    }
-}
-
-#[cfg(not(feature = "pg13"))]
-#[pg_guard]
-#[allow(clippy::too_many_arguments)]
-unsafe extern "C-unwind" fn process_utility(
-    pstmt: *mut pg_sys::PlannedStmt,
-    query_string: *const std::ffi::c_char,
-    read_only_tree: bool,
-    context: pg_sys::ProcessUtilityContext::Type,
-    params: pg_sys::ParamListInfo,
-    query_env: *mut pg_sys::QueryEnvironment,
-    dest: *mut pg_sys::DestReceiver,
-    qc: *mut pg_sys::QueryCompletion,
-) {
-    // SAFETY: arguments are passed through unchanged to the previous hook or
-    // to standard_ProcessUtility, as every utility hook must.
-    unsafe {
-        note_utility_statement((*pstmt).utilityStmt);
-        match PREV_PROCESS_UTILITY_HOOK {
-            Some(prev) => prev(
-                pstmt,
-                query_string,
-                read_only_tree,
-                context,
-                params,
-                query_env,
-                dest,
-                qc,
-            ),
-            None => pg_sys::standard_ProcessUtility(
-                pstmt,
-                query_string,
-                read_only_tree,
-                context,
-                params,
-                query_env,
-                dest,
-                qc,
-            ),
-        }
-    }
-}
-
-#[cfg(feature = "pg13")]
-#[pg_guard]
-unsafe extern "C-unwind" fn process_utility(
-    pstmt: *mut pg_sys::PlannedStmt,
-    query_string: *const std::ffi::c_char,
-    context: pg_sys::ProcessUtilityContext::Type,
-    params: pg_sys::ParamListInfo,
-    query_env: *mut pg_sys::QueryEnvironment,
-    dest: *mut pg_sys::DestReceiver,
-    qc: *mut pg_sys::QueryCompletion,
-) {
-    // SAFETY: as above, for the PostgreSQL 13 signature.
-    unsafe {
-        note_utility_statement((*pstmt).utilityStmt);
-        match PREV_PROCESS_UTILITY_HOOK {
-            Some(prev) => prev(pstmt, query_string, context, params, query_env, dest, qc),
-            None => pg_sys::standard_ProcessUtility(
-                pstmt,
-                query_string,
-                context,
-                params,
-                query_env,
-                dest,
-                qc,
-            ),
         }
     }
 }

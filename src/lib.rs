@@ -7,6 +7,7 @@
 use pgrx::prelude::*;
 
 mod commit;
+mod errors;
 mod flush;
 mod guc;
 mod preload;
@@ -23,6 +24,7 @@ pgrx::pg_module_magic!();
 /// functions refuse to run and say how to fix it (see `preload.rs`).
 #[pg_guard]
 pub extern "C-unwind" fn _PG_init() {
+    errors::disable_backtraces();
     // SAFETY: reading a postmaster-set global from the single backend thread.
     let preloading = unsafe { pg_sys::process_shared_preload_libraries_in_progress };
     if !preloading {

@@ -1,0 +1,38 @@
+//! Compiles the few C functions of the extension (src/c/) against the
+//! headers of the PostgreSQL version being built for, found the same way
+//! pgrx finds them: PGRX_PG_CONFIG_PATH (set by cargo pgrx), or the pg_config
+//! registered for the active `pgNN` feature in ~/.pgrx/config.toml.
+//!
+//! C is used where PostgreSQL code must run with no Rust frame in between
+//! (hook trampolines: an error must reach PostgreSQL untouched) and where
+//! the work is PostgreSQL's own macros (sequence page, critical section,
+//! WAL record), which are clearer and safer in C than transcribed.
+
+use pgrx_pg_config::{PgConfig, Pgrx};
+
+const SOURCES: [&str; 2] = ["src/c/hooks.c", "src/c/sequence_page.c"];
+
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    for source in SOURCES {
+        println!("cargo:rerun-if-changed={source}");
+    }
+    println!("cargo:rerun-if-env-changed=PGRX_PG_CONFIG_PATH");
+    let major = (13..=18)
+        .find(|v| std::env::var(format!("CARGO_FEATURE_PG{v}")).is_ok())
+        .ok_or("no pgNN feature is enabled")?;
+    let pg_config = match PgConfig::from_env() {
+        Ok(config) => config,
+        Err(_) => Pgrx::from_config()?.get(&format!("pg{major}"))?,
+    };
+    if pg_config.major_version()? != major {
+        return Err(format!("pg_config is not PostgreSQL {major}: set PGRX_PG_CONFIG_PATH").into());
+    }
+    let mut build = cc::Build::new();
+    build.files(SOURCES).include(pg_config.includedir_server()?);
+    for flag in pg_config.cppflags()?.to_string_lossy().split_whitespace() {
+        build.flag(flag);
+    }
+    build.flag_if_supported("-Wno-unused-parameter");
+    build.compile("delayed_durability_c");
+    Ok(())
+}
