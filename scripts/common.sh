@@ -52,6 +52,11 @@ install_dependencies() {
 
 build_and_install() {
     log "building and installing delayed_durability (release)"
+    # Unlink instead of overwriting: a running server keeps its mapping of
+    # the old library (overwritten in place, it could crash). Scripts of
+    # other versions are removed so that only shipped ones remain.
+    rm -f "$("$PG_CONFIG" --pkglibdir)/delayed_durability.so" \
+        "$("$PG_CONFIG" --sharedir)"/extension/delayed_durability--*.sql
     (cd "$REPO_ROOT" && cargo pgrx install --release --pg-config "$PG_CONFIG") >&2
     # Full scripts of earlier versions, so that CREATE EXTENSION ... VERSION
     # and the update path can be tested (pgrx installs only the current one).

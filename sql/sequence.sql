@@ -149,6 +149,71 @@ SELECT cached_nextval('inv');
 ROLLBACK;
 SELECT cached_nextval('inv');
 
+-- setval() to exactly the end of the cached block is seen: the next value
+-- follows it, as with nextval() (the page changed even if last_value did not).
+CREATE SEQUENCE s3 CACHE 50;
+SELECT cached_nextval('s3'), cached_nextval('s3');
+SELECT setval('s3', 50);
+SELECT cached_nextval('s3');
+SELECT nextval('s3');
+-- setval() inside the block, below it, and with is_called = false.
+SELECT setval('s3', 120);
+SELECT cached_nextval('s3');
+SELECT setval('s3', 5);
+SELECT cached_nextval('s3');
+SELECT setval('s3', 500, false);
+SELECT cached_nextval('s3'), cached_nextval('s3');
+-- A CYCLE wrap by nextval() that lands exactly on the block's end.
+CREATE SEQUENCE cyc MINVALUE 1 MAXVALUE 10 CACHE 5 CYCLE;
+SELECT cached_nextval('cyc');
+SELECT setval('cyc', 10);
+SELECT nextval('cyc');
+SELECT last_value FROM cyc;
+SELECT cached_nextval('cyc');
+-- Temporary and unlogged sequences (no WAL, the page LSN never changes).
+CREATE TEMP SEQUENCE tmp3 CACHE 50;
+CREATE UNLOGGED SEQUENCE unl3 CACHE 50;
+SELECT cached_nextval('tmp3'), cached_nextval('unl3');
+SELECT setval('tmp3', 50), setval('unl3', 50);
+SELECT cached_nextval('tmp3'), cached_nextval('unl3');
+SELECT log_cnt AS marked FROM tmp3;
+SELECT nextval('tmp3'), nextval('unl3');
+SELECT log_cnt AS nextval_leaves FROM tmp3;
+SELECT cached_nextval('tmp3'), cached_nextval('unl3');
+
+-- cached_currval() and cached_lastval(): what this session's cached_nextval()
+-- returned last. currval() knows nothing of it (not even after a refill).
+CREATE SEQUENCE cv CACHE 50;
+SELECT cached_currval('cv');
+SELECT cached_nextval('cv') AS v, cached_currval('cv') AS c, cached_lastval() AS l;
+SELECT currval('cv');
+SELECT cached_nextval('s3') AS other, cached_lastval() AS l, cached_currval('cv') AS c;
+-- A new session has no value yet, takes the next one of the shared block
+-- (no refill), and sees only its own.
+\c
+SELECT cached_lastval();
+SELECT cached_currval('cv');
+SELECT cached_nextval('cv') AS v, cached_currval('cv') AS c, cached_lastval() AS l;
+-- Privileges: SELECT or USAGE, like currval().
+CREATE ROLE cv_nobody;
+CREATE ROLE cv_select;
+GRANT SELECT ON SEQUENCE cv TO cv_select;
+SET ROLE cv_nobody;
+SELECT cached_currval('cv');
+SELECT cached_lastval();
+SET ROLE cv_select;
+SELECT cached_currval('cv');
+RESET ROLE;
+-- DISCARD SEQUENCES forgets the values; a dropped sequence has none.
+DISCARD SEQUENCES;
+SELECT cached_currval('cv');
+SELECT cached_nextval('cv') > 0 AS again;
+DROP SEQUENCE cv;
+DROP ROLE cv_nobody;
+DROP ROLE cv_select;
+SELECT cached_lastval();
+SELECT cached_currval(0);
+
 -- As a column default.
 CREATE SEQUENCE orders_id_seq CACHE 20;
 CREATE TABLE orders (id bigint PRIMARY KEY DEFAULT cached_nextval('orders_id_seq'), item text);
@@ -156,5 +221,6 @@ INSERT INTO orders (item) SELECT 'item ' || g FROM generate_series(1, 30) g;
 SELECT count(*), min(id), max(id) FROM orders;
 
 DROP TABLE orders, ident, not_a_seq;
-DROP SEQUENCE s50, s1, s50f, tmp, unl, inc, down, up_cycle, twin_a, twin_b, lim, lim_down, small, inv, orders_id_seq;
+-- (the temporary sequences went with the first session)
+DROP SEQUENCE s50, s1, s50f, unl, s3, cyc, unl3, inc, down, up_cycle, twin_a, twin_b, lim, lim_down, small, inv, orders_id_seq;
 DROP FUNCTION seq_counters;

@@ -77,19 +77,31 @@ is($node->safe_psql('postgres', 'SELECT pg_postmaster_start_time()'), $pid, 'the
 my $log = slurp_file($node->logfile);
 unlike($log, qr/terminated by signal|server process .* was terminated|PANIC/, 'no backend crashed');
 
-# Update path: a database created at 0.1.0 updates to the current version
-# and gets the new status columns.
-$node->safe_psql('postgres', 'CREATE DATABASE old_version TEMPLATE template0');
-$node->safe_psql('old_version', "CREATE EXTENSION delayed_durability VERSION '0.1.0'");
+# Update path: a database created at each released version updates to the
+# current one and gets what came since (0.2.0: WAL buffer status columns;
+# 0.3.0: cached_currval/cached_lastval).
+my $current = $node->safe_psql('postgres',
+	q{SELECT default_version FROM pg_available_extensions WHERE name = 'delayed_durability'});
+is($current, '0.3.0', 'current version');
 my $status_columns = q{SELECT count(*) FROM pg_proc, unnest(proargnames) AS a
   WHERE proname = 'delayed_durability_status' AND a LIKE 'wal_buffer%'};
-is($node->safe_psql('old_version', $status_columns), '0', '0.1.0 has no WAL buffer columns');
-$node->safe_psql('old_version', 'ALTER EXTENSION delayed_durability UPDATE');
-is($node->safe_psql('old_version', q{SELECT extversion FROM pg_extension WHERE extname = 'delayed_durability'}),
-	'0.2.0', 'ALTER EXTENSION UPDATE reaches 0.2.0');
-is($node->safe_psql('old_version', $status_columns), '5', 'updated: five WAL buffer columns');
-is($node->safe_psql('old_version', 'SELECT wal_buffer_is_pmem IS NULL AND wal_buffer_fsyncs_avoided = 0 FROM delayed_durability_status()'),
-	't', 'updated status function works (buffer off)');
+my $currval_functions = q{SELECT count(*) FROM pg_proc WHERE proname IN ('cached_currval', 'cached_lastval')};
+for my $version ('0.1.0', '0.2.0')
+{
+	my $db = 'old_' . ($version =~ s/\./_/gr);
+	$node->safe_psql('postgres', "CREATE DATABASE $db TEMPLATE template0");
+	$node->safe_psql($db, "CREATE EXTENSION delayed_durability VERSION '$version'");
+	is($node->safe_psql($db, $status_columns), $version eq '0.1.0' ? '0' : '5', "$version: WAL buffer columns");
+	is($node->safe_psql($db, $currval_functions), '0', "$version: no cached_currval/cached_lastval");
+	$node->safe_psql($db, 'ALTER EXTENSION delayed_durability UPDATE');
+	is($node->safe_psql($db, q{SELECT extversion FROM pg_extension WHERE extname = 'delayed_durability'}),
+		$current, "ALTER EXTENSION UPDATE from $version reaches $current");
+	is($node->safe_psql($db, $status_columns), '5', "updated from $version: five WAL buffer columns");
+	is($node->safe_psql($db, 'SELECT wal_buffer_is_pmem IS NULL AND wal_buffer_fsyncs_avoided = 0 FROM delayed_durability_status()'),
+		't', "updated from $version: status function works (buffer off)");
+	is($node->safe_psql($db, q{CREATE SEQUENCE upd; SELECT cached_nextval('upd'), cached_currval('upd'), cached_lastval()}),
+		'1|1|1', "updated from $version: cached_currval and cached_lastval work");
+}
 
 # Lifecycle: DROP and CREATE EXTENSION; UPDATE is a no-op at the current version.
 $node->safe_psql('postgres', 'CREATE DATABASE life TEMPLATE template0');
