@@ -7,16 +7,19 @@
 #   bash scripts/test.sh --unit     only the Rust unit tests
 #   bash scripts/test.sh --regress  only pg_regress
 #   bash scripts/test.sh --tap [t/NNN_x.pl ...]  only TAP (all or the named files)
+#   bash scripts/test.sh --core     only PostgreSQL's own regression suite
+#                                   with the library preloaded (scripts/core_regress.sh)
 set -euo pipefail
 source "$(dirname "$0")/common.sh"
 
-run_unit=1 run_regress=1 run_tap=1 tap_files=()
+run_unit=1 run_regress=1 run_tap=1 run_core=1 tap_files=()
 case "${1:-}" in
-    --unit) run_regress=0; run_tap=0 ;;
-    --regress) run_unit=0; run_tap=0 ;;
-    --tap) run_unit=0; run_regress=0; shift; tap_files=("$@") ;;
+    --unit) run_regress=0; run_tap=0; run_core=0 ;;
+    --regress) run_unit=0; run_tap=0; run_core=0 ;;
+    --tap) run_unit=0; run_regress=0; run_core=0; shift; tap_files=("$@") ;;
+    --core) run_unit=0; run_regress=0; run_tap=0 ;;
     "") ;;
-    *) echo "usage: $0 [--unit | --regress | --tap [t/file.pl ...]]" >&2; exit 2 ;;
+    *) echo "usage: $0 [--unit | --regress | --tap [t/file.pl ...] | --core]" >&2; exit 2 ;;
 esac
 
 install_dependencies
@@ -77,6 +80,18 @@ if [ $run_tap = 1 ]; then
     bad=$(grep -c '^not ok ' "$work/prove.log" || true)
     passed=$((passed + ok)); failed=$((failed + bad))
     if [ "$prove_status" != 0 ] && [ "$bad" = 0 ]; then failed=$((failed + 1)); fi
+fi
+
+if [ $run_core = 1 ]; then
+    log "PostgreSQL's regression suite with the library preloaded (scripts/core_regress.sh)"
+    set +e
+    bash "$REPO_ROOT/scripts/core_regress.sh" --no-build 2>&1 | tee "$work/core_regress.log"
+    core_status=${PIPESTATUS[0]}
+    set -e
+    ok=$(sed -n 's/^core_regress: \([0-9]*\) passed, \([0-9]*\) failed$/\1/p' "$work/core_regress.log")
+    bad=$(sed -n 's/^core_regress: \([0-9]*\) passed, \([0-9]*\) failed$/\2/p' "$work/core_regress.log")
+    passed=$((passed + ${ok:-0})); failed=$((failed + ${bad:-0}))
+    if [ "$core_status" != 0 ] && [ "${bad:-0}" = 0 ]; then failed=$((failed + 1)); fi
 fi
 
 echo
