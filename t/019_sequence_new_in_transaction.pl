@@ -57,6 +57,7 @@ SELECT 'flushed=' || flushed();
 	# A plain delayed commit right after it stays delayed: the requirement
 	# was for that one transaction.
 	$node->safe_psql('postgres', 'CREATE TABLE t (id int)');
+	settle_wal_writer($node);
 	is($node->safe_psql('postgres', "INSERT INTO t VALUES (1);\nSELECT flushed();"), 'f',
 		"$wal_level: the next commit is delayed again");
 

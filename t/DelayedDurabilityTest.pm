@@ -11,7 +11,7 @@ use Test::More;
 use Time::HiRes qw(usleep);
 
 our @EXPORT = qw(new_dd_node commits_with_check count_true rows_in lsn_to_int
-  kill_everything zero_wal_after);
+  kill_everything zero_wal_after settle_wal_writer);
 
 # fsync is on (the test framework turns it off by default): WAL fsyncs are
 # what is measured. The WAL writer flushes at most every wal_writer_delay (10s, its maximum)
@@ -68,6 +68,31 @@ sub commits_with_check
 	$script .= "$_\nSELECT 'flushed=' || flushed()::int;\n" for @$statements;
 	my $out = $node->safe_psql($db, $script);
 	return map { /^flushed=1$/ ? 1 : 0 } grep { /^flushed=/ } split /\n/, $out;
+}
+
+# Makes the WAL writer flush now, so that it leaves WAL unflushed for the
+# next wal_writer_delay (10s): an asynchronous commit that completes a WAL
+# page wakes it (XLogSetAsyncXactLSN), and with its last flush long ago it
+# flushes everything; until wal_writer_delay has passed it then flushes
+# nothing more (wal_writer_flush_after = 1GB). Without this its periodic
+# cycle may flush at any moment of a test that checks positions.
+sub settle_wal_writer
+{
+	my ($node, $db) = @_;
+	$db //= 'postgres';
+	my $before = $node->safe_psql($db, 'SELECT pg_current_wal_flush_lsn()');
+	$node->safe_psql($db, q{
+SET delayed_durability.mode = allowed;
+SET synchronous_commit = off;
+CREATE TABLE IF NOT EXISTS wal_writer_kick (i int);
+INSERT INTO wal_writer_kick SELECT generate_series(1, 400);
+});
+	# It flushes up to the last completed page in that cycle.
+	for (1 .. 250)
+	{
+		last if $node->safe_psql($db, "SELECT pg_current_wal_flush_lsn() > '$before'") eq 't';
+		usleep(20_000);
+	}
 }
 
 sub count_true { my $n = 0; $n += $_ for @_; return $n; }

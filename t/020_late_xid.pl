@@ -1,0 +1,101 @@
+# Every commit that writes a commit record follows the policy, also those
+# that get their transaction id only after the pre-commit callbacks (NOTIFY
+# and pg_notify(): PreCommit_Notify assigns it), and those whose commit
+# drops files decided after them (ON COMMIT DROP): checked by the WAL flush
+# position right after each commit and by the counter deltas. Then a
+# listener that received a notification finds the notifying transaction
+# committed after a power cut, under disabled with synchronous_commit = off.
+use strict;
+use warnings;
+use PostgreSQL::Test::Utils;
+use Test::More;
+use Time::HiRes qw(usleep);
+use DelayedDurabilityTest;
+
+my $node = new_dd_node('late_xid');
+$node->safe_psql('postgres', q{
+CREATE TABLE src (i int);
+CREATE TABLE audit (i int);
+CREATE FUNCTION audit_row() RETURNS trigger LANGUAGE plpgsql AS
+  $$ BEGIN INSERT INTO audit VALUES (NEW.i); RETURN NULL; END $$;
+CREATE CONSTRAINT TRIGGER audit_at_commit AFTER INSERT ON src
+  DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION audit_row();
+});
+
+# case => [statements, writes a commit record, PostgreSQL flushes it anyway]
+my @cases = (
+	[ 'NOTIFY only', q{NOTIFY ch, 'x';}, 1, 0 ],
+	[ 'pg_notify only', q{SELECT pg_notify('ch', 'x');}, 1, 0 ],
+	[ 'temporary table ON COMMIT DELETE ROWS', q{INSERT INTO tt VALUES (1);}, 1, 0 ],
+	[ 'deferred constraint trigger writing at commit', q{INSERT INTO src VALUES (1);}, 1, 0 ],
+	[ 'lo_create only', q{SELECT lo_create(0) > 0;}, 1, 0 ],
+	[ 'ON COMMIT DROP temporary table', q{BEGIN; CREATE TEMP TABLE d (i int) ON COMMIT DROP; INSERT INTO d VALUES (1); COMMIT;}, 1, 1 ],
+	[ 'savepoint only', q{BEGIN; SAVEPOINT a; RELEASE a; COMMIT;}, 0, 0 ],
+	[ 'empty transaction', q{BEGIN; COMMIT;}, 0, 0 ],
+);
+my $counters = q{SELECT 'c=' || commits_durable || ',' || commits_delayed || ',' || commits_forced_durable
+  FROM delayed_durability_stats WHERE datname = current_database();};
+
+# mode, synchronous_commit, whether a counted commit is delayed
+for my $setting (['disabled', 'off', 0], ['allowed', 'off', 1], ['allowed', 'on', 0], ['forced', 'on', 1])
+{
+	my ($mode, $sync, $delays) = @$setting;
+	settle_wal_writer($node);
+	my $script = "SET delayed_durability.mode = $mode;\nSET synchronous_commit = $sync;\n"
+	  . "CREATE TEMP TABLE tt (i int) ON COMMIT DELETE ROWS;\nSELECT flushed();\n";
+	$script .= "$counters\n$_->[1]\nSELECT 'f=' || flushed()::int;\n$counters\n" for @cases;
+	my @out = grep { /^[cf]=/ } split /\n/, $node->safe_psql('postgres', $script);
+	for my $case (@cases)
+	{
+		my ($name, undef, $counted, $core_flushes) = @$case;
+		my ($before, $flushed, $after) = splice @out, 0, 3;
+		my @b = $before =~ /(\d+)/g;
+		my @a = $after =~ /(\d+)/g;
+		my @delta = map { $a[$_] - $b[$_] } 0 .. 2;
+		my $delayed = $counted && $delays && !$core_flushes;
+		my @want = !$counted ? (0, 0, 0) : $delayed ? (0, 1, 0) : (1, 0, $delays && $core_flushes ? 1 : 0);
+		is(join(',', @delta), join(',', @want),
+			"$mode, synchronous_commit=$sync, $name: counted (durable, delayed, forced durable)");
+		if ($counted)
+		{
+			is($flushed, $delayed ? 'f=0' : 'f=1',
+				"$mode, synchronous_commit=$sync, $name: " . ($delayed ? 'WAL not flushed past it' : 'WAL flushed past it'));
+		}
+	}
+}
+
+# A listener receives a notification from a transaction whose only action
+# is NOTIFY, under disabled with synchronous_commit = off; a power cut right
+# after (WAL zeroed past the flush position read then) must not lose that
+# transaction: the listener may already have acted on it.
+settle_wal_writer($node);
+my ($in, $out, $err) = ('', '', '');
+my $listener = $node->background_psql('postgres', \$in, \$out, \$err, on_error_stop => 0);
+$in .= "LISTEN ch;\nSELECT 'listening';\n";
+$listener->pump until $out =~ /listening/;
+my $xid = $node->safe_psql('postgres', q{
+SET delayed_durability.mode = disabled;
+SET synchronous_commit = off;
+SELECT pg_current_xact_id();
+NOTIFY ch, 'committed?';
+});
+$xid = (split /\n/, $xid)[0] + 1;    # the NOTIFY's transaction comes next (nothing else runs)
+$in .= "SELECT 'poll';\n";
+my $tries = 0;
+until ($out =~ /Asynchronous notification "ch" with payload "committed\?" received/ || $tries++ > 100)
+{
+	$in .= "SELECT 'poll';\n";
+	$listener->pump;
+	usleep(50_000);
+}
+like($out, qr/Asynchronous notification "ch" with payload "committed\?" received/, 'the listener received the notification');
+my $flushed_at = lsn_to_int($node->safe_psql('postgres', 'SELECT pg_current_wal_flush_lsn()'));
+kill_everything($node);
+$listener->kill_kill;
+cmp_ok(zero_wal_after($node, $flushed_at), '>', 0, 'power cut: WAL past the flush position zeroed');
+$node->start;
+my ($ret, $status) = $node->psql('postgres', "SELECT pg_xact_status('$xid')");
+is($status, 'committed', "the notifying transaction ($xid) is committed after the power cut");
+
+$node->stop;
+done_testing();
