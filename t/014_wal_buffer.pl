@@ -5,7 +5,6 @@
 # be trusted stops the server with a clear FATAL and leaves pg_wal untouched.
 use strict;
 use warnings;
-use Digest::MD5;
 use IPC::Run;
 use PostgreSQL::Test::Utils;
 use Test::More;
@@ -44,19 +43,6 @@ sub insert_script
 {
 	my ($from, $to) = @_;
 	return join '', map { "INSERT INTO t VALUES ($_, repeat('x', 100));\n" } $from .. $to;
-}
-
-sub pg_wal_digest
-{
-	my $dir = $node->data_dir . '/pg_wal';
-	my $md5 = Digest::MD5->new;
-	opendir my $dh, $dir or die $!;
-	for my $f (sort grep { /^[0-9A-F]{24}$/ } readdir $dh)
-	{
-		open my $fh, '<:raw', "$dir/$f" or die $!;
-		$md5->add($f)->addfile($fh);
-	}
-	return $md5->hexdigest;
 }
 
 # 1. Counters: durable commits skip their WAL fsync.
@@ -106,14 +92,14 @@ ok(@{ $h->{records} } > 0, 'buffer holds records for the refusal cases');
 sub refused
 {
 	my ($what, $expect, %change) = @_;
-	my $digest = pg_wal_digest();
+	my $digest = pg_wal_digest($node);
 	$node->append_conf('postgresql.conf', $change{conf}) if $change{conf};
 	$change{forge}->() if $change{forge};
 	my $log_start = -s $node->logfile;
 	ok(!$node->start(fail_ok => 1), "$what: server does not start");
 	my $log = substr(slurp_file($node->logfile), $log_start);
 	like($log, qr/FATAL:  .*$expect/, "$what: clear FATAL");
-	is(pg_wal_digest(), $digest, "$what: pg_wal untouched");
+	is(pg_wal_digest($node), $digest, "$what: pg_wal untouched");
 	# Undo.
 	$node->append_conf('postgresql.conf', "delayed_durability.wal_buffer_path = '$buffer'\n"
 		  . "delayed_durability.wal_buffer_size = 16MB\nwal_sync_method = fdatasync\n");
