@@ -2,6 +2,7 @@
 //! memory instead of fsyncing pg_wal on every commit.
 //!
 //! - `format`: the buffer file's layout and checksums.
+//! - `file`: the file system under the buffer file.
 //! - `pmem`: the libpmem binding.
 //! - `segment`: WAL segment files.
 //! - `ring`: what a WAL write or fsync does while the buffer is on.
@@ -12,6 +13,7 @@
 //! from the shared-memory startup hook, before the startup process exists)
 //! and the status function.
 
+mod file;
 mod format;
 mod interpose;
 mod pmem;
@@ -30,6 +32,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 pub static WAL_BUFFER_PATH: GucSetting<Option<CString>> = GucSetting::<Option<CString>>::new(None);
 /// In kB.
 pub static WAL_BUFFER_SIZE: GucSetting<i32> = GucSetting::<i32>::new(16 * 1024);
+/// Accept a buffer on tmpfs or ramfs (tests and benchmarks).
+pub static WAL_BUFFER_ALLOW_VOLATILE: GucSetting<bool> = GucSetting::<bool>::new(false);
 /// The smallest useful buffer: eight 8 kB WAL pages.
 const MIN_SIZE_KB: i32 = 64;
 
@@ -53,6 +57,16 @@ WAL segment is finished. The file is created if missing.",
         1024 * 1024 * 1024, // 1 TB in kB
         GucContext::Postmaster,
         GucFlags::UNIT_KB,
+    );
+    GucRegistry::define_bool_guc(
+        c"delayed_durability.wal_buffer_allow_volatile",
+        c"Accepts a persistent WAL buffer on tmpfs or ramfs, which does not survive a power cut.",
+        c"Such a file is in DRAM: it survives a crash of the server but not of the machine, so \
+commits acknowledged as durable through it are lost at a power cut or operating-system crash. \
+Off refuses to start with such a buffer; turn it on only for tests and benchmarks.",
+        &WAL_BUFFER_ALLOW_VOLATILE,
+        GucContext::Postmaster,
+        GucFlags::SUPERUSER_ONLY,
     );
 }
 
@@ -233,7 +247,8 @@ fn check_settings(shown: &str) {
     }
 }
 
-/// Maps the configured file, creating it when missing (or empty).
+/// At first start: checks where the file lives and maps it, creating it
+/// when missing (or empty).
 fn open(path: &CStr, shown: &str) -> pmem::Mapping {
     let file = std::path::Path::new(shown);
     let dir = file.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(std::path::Path::new("."));
@@ -245,6 +260,8 @@ fn open(path: &CStr, shown: &str) -> pmem::Mapping {
             "Create it on a persistent-memory (DAX) file system, or correct delayed_durability.wal_buffer_path.",
         );
     }
+    // An existing file is checked itself (it may be a symlink elsewhere).
+    check_survives_power_cut(if file.exists() { file } else { dir }, shown);
     let size = std::fs::metadata(file).map(|m| m.len()).ok();
     let existing = match size {
         Some(n) if n as usize >= format::HEADER_SIZE => Some(pmem::map(path, None)),
@@ -255,6 +272,35 @@ fn open(path: &CStr, shown: &str) -> pmem::Mapping {
     existing
         .unwrap_or_else(|| pmem::map(path, Some(wanted)))
         .unwrap_or_else(|e| map_failed(shown, e))
+}
+
+/// tmpfs and ramfs are DRAM: a buffer there survives a crash of the server,
+/// not of the machine. Accepted only when asked for (tests, benchmarks).
+fn check_survives_power_cut(path: &std::path::Path, shown: &str) {
+    let kind = file::volatile_file_system(path).unwrap_or_else(|e| {
+        fatal(
+            PgSqlErrorCode::ERRCODE_IO_ERROR,
+            format!("could not determine the file system of \"{}\": {e}", path.display()),
+            None,
+            "",
+        )
+    });
+    let Some(kind) = kind else { return };
+    if !WAL_BUFFER_ALLOW_VOLATILE.get() {
+        fatal(
+            PgSqlErrorCode::ERRCODE_INVALID_PARAMETER_VALUE,
+            format!("persistent WAL buffer \"{shown}\" is on a file system that does not survive a power cut ({kind})"),
+            Some(format!(
+                "{kind} keeps its files in memory: commits acknowledged as durable through the buffer would be lost at a power cut or operating-system crash."
+            )),
+            "Put the buffer on a DAX file system over persistent memory: ext4 or xfs created on an fsdax \
+namespace (ndctl create-namespace --mode=fsdax) and mounted with \"mount -o dax /dev/pmem0 /mnt/pmem\". \
+For tests and benchmarks only, delayed_durability.wal_buffer_allow_volatile = on accepts it.",
+        );
+    }
+    pgrx::warning!(
+        "delayed_durability: persistent WAL buffer \"{shown}\" is on {kind} (delayed_durability.wal_buffer_allow_volatile = on): commits acknowledged as durable through this buffer are lost at a power cut or operating-system crash"
+    );
 }
 
 fn map_failed(shown: &str, e: String) -> ! {
