@@ -251,7 +251,9 @@ def exp5_pmem(c, scale, log):
         raise Unavailable("needs the persistent WAL buffer (delayed_durability.wal_buffer_path), not in this build")
     n, seconds, rounds = scale["e1"], scale["e5"], scale["e5_rounds"]
     buffer_path = f"/dev/shm/dd-experiment5-{os.getpid()}.buf"
-    b = Cluster("pmem", c.port + 20, conf=f"delayed_durability.wal_buffer_path = '{buffer_path}'\n",
+    # /dev/shm is tmpfs: accepted only with the explicit opt-in.
+    b = Cluster("pmem", c.port + 20, conf=f"delayed_durability.wal_buffer_path = '{buffer_path}'\n"
+                "delayed_durability.wal_buffer_allow_volatile = on\n",
                 server_env={"PMEM_IS_PMEM_FORCE": "1"})
     fsync, pmem, delayed = "durable, WAL fsync", "durable, WAL buffer on /dev/shm", "delayed (forced)"
     variants = ((fsync, c, "disabled"), (pmem, b, "disabled"), (delayed, c, "forced"))

@@ -81,3 +81,5 @@ SELECT wal_buffer_is_pmem IS NULL AS buffer_off,
 SHOW delayed_durability.wal_buffer_path;
 SHOW delayed_durability.wal_buffer_size;
 SET delayed_durability.wal_buffer_size = '32MB';
+SHOW delayed_durability.wal_buffer_allow_volatile;
+SET delayed_durability.wal_buffer_allow_volatile = on;

@@ -34,7 +34,8 @@ my $node = new_dd_node('torture', conf => q{
 wal_writer_delay = 200ms
 wal_writer_flush_after = 1MB
 max_wal_size = 4GB
-} . ($wal_buffer ? "delayed_durability.wal_buffer_path = '$wal_buffer'\n" : ''));
+} . ($wal_buffer ? "delayed_durability.wal_buffer_path = '$wal_buffer'\n"
+	  . "delayed_durability.wal_buffer_allow_volatile = on\n" : ''));
 $node->safe_psql('postgres', q{
 CREATE DATABASE db_allowed;
 CREATE DATABASE db_forced;

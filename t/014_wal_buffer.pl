@@ -1,11 +1,12 @@
 # The persistent WAL buffer (on /dev/shm, DRAM standing in for persistent
-# memory): durable commits survive a kill -9 of every process followed by
+# memory, accepted with delayed_durability.wal_buffer_allow_volatile):
+# durable commits survive a kill -9 of every process followed by
 # a simulated power cut that zeroes all WAL written after the last real
 # fsync; the same cut without the buffer loses commits; a buffer that cannot
-# be trusted stops the server with a clear FATAL and leaves pg_wal untouched.
+# be trusted, or on tmpfs without the opt-in, stops the server with a clear
+# FATAL and leaves pg_wal untouched.
 use strict;
 use warnings;
-use Digest::MD5;
 use IPC::Run;
 use PostgreSQL::Test::Utils;
 use Test::More;
@@ -18,6 +19,7 @@ END { unlink @cleanup; }
 
 my $node = new_dd_node('walbuf', init => { allows_streaming => 1 }, conf => qq{
 delayed_durability.wal_buffer_path = '$buffer'
+delayed_durability.wal_buffer_allow_volatile = on
 delayed_durability.mode = disabled
 synchronous_commit = on
 });
@@ -27,6 +29,9 @@ CREATE EXTENSION amcheck;
 });
 ok(-f $buffer && ((stat $buffer)[2] & 0777) == 0600, 'buffer file created with mode 0600');
 like(slurp_file($node->logfile), qr/persistent WAL buffer "\Q$buffer\E" in use/, 'startup says the buffer is in use');
+like(slurp_file($node->logfile),
+	qr/WARNING:  delayed_durability: persistent WAL buffer "\Q$buffer\E" is on tmpfs \(delayed_durability\.wal_buffer_allow_volatile = on\): commits acknowledged as durable through this buffer are lost at a power cut or operating-system crash/,
+	'tmpfs with the opt-in: starts with a WARNING that a power cut loses commits');
 
 sub status
 {
@@ -44,19 +49,6 @@ sub insert_script
 {
 	my ($from, $to) = @_;
 	return join '', map { "INSERT INTO t VALUES ($_, repeat('x', 100));\n" } $from .. $to;
-}
-
-sub pg_wal_digest
-{
-	my $dir = $node->data_dir . '/pg_wal';
-	my $md5 = Digest::MD5->new;
-	opendir my $dh, $dir or die $!;
-	for my $f (sort grep { /^[0-9A-F]{24}$/ } readdir $dh)
-	{
-		open my $fh, '<:raw', "$dir/$f" or die $!;
-		$md5->add($f)->addfile($fh);
-	}
-	return $md5->hexdigest;
 }
 
 # 1. Counters: durable commits skip their WAL fsync.
@@ -103,21 +95,24 @@ my $pristine = WalBufferFile::slurp_raw($buffer);
 $h = read_wal_buffer($buffer);
 ok(@{ $h->{records} } > 0, 'buffer holds records for the refusal cases');
 
+# Returns the log of the refused start.
 sub refused
 {
 	my ($what, $expect, %change) = @_;
-	my $digest = pg_wal_digest();
+	my $digest = pg_wal_digest($node);
 	$node->append_conf('postgresql.conf', $change{conf}) if $change{conf};
 	$change{forge}->() if $change{forge};
 	my $log_start = -s $node->logfile;
 	ok(!$node->start(fail_ok => 1), "$what: server does not start");
 	my $log = substr(slurp_file($node->logfile), $log_start);
 	like($log, qr/FATAL:  .*$expect/, "$what: clear FATAL");
-	is(pg_wal_digest(), $digest, "$what: pg_wal untouched");
+	is(pg_wal_digest($node), $digest, "$what: pg_wal untouched");
 	# Undo.
 	$node->append_conf('postgresql.conf', "delayed_durability.wal_buffer_path = '$buffer'\n"
-		  . "delayed_durability.wal_buffer_size = 16MB\nwal_sync_method = fdatasync\n");
+		  . "delayed_durability.wal_buffer_size = 16MB\nwal_sync_method = fdatasync\n"
+		  . "delayed_durability.wal_buffer_allow_volatile = on\n");
 	write_at($buffer, 0, $pristine);
+	return $log;
 }
 
 refused('wrong wal_sync_method', qr/requires wal_sync_method = fdatasync/, conf => "wal_sync_method = fsync\n");
@@ -137,6 +132,16 @@ push @cleanup, $foreign;
 write_at($foreign, 0, 'not a buffer' x 1000) if open my $touch, '>', $foreign;
 refused('not a buffer', qr/is not a delayed_durability WAL buffer/,
 	conf => "delayed_durability.wal_buffer_path = '$foreign'\n");
+# tmpfs does not survive a power cut: refused unless explicitly accepted,
+# before the file is created.
+my $volatile = "/dev/shm/dd_tap_volatile_$$.buf";
+push @cleanup, $volatile;
+my $log = refused('tmpfs without the opt-in',
+	qr/persistent WAL buffer "\Q$volatile\E" is on a file system that does not survive a power cut \(tmpfs\)/,
+	conf => "delayed_durability.wal_buffer_path = '$volatile'\ndelayed_durability.wal_buffer_allow_volatile = off\n");
+like($log, qr/HINT:  .*mount -o dax \/dev\/pmem0 \/mnt\/pmem.*delayed_durability\.wal_buffer_allow_volatile = on accepts it/,
+	'tmpfs without the opt-in: the hint shows a DAX mount and the opt-in');
+ok(!-e $volatile, 'tmpfs without the opt-in: no buffer file created');
 
 # A torn record past the committed tail is ignored.
 write_at($buffer, 4096 + $h->{tail}, 'torn record bytes, never committed');

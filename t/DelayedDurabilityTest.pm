@@ -4,6 +4,7 @@ package DelayedDurabilityTest;
 
 use strict;
 use warnings;
+use Digest::MD5;
 use Exporter 'import';
 use PostgreSQL::Test::Cluster;
 use PostgreSQL::Test::Utils;
@@ -11,7 +12,7 @@ use Test::More;
 use Time::HiRes qw(usleep);
 
 our @EXPORT = qw(new_dd_node commits_with_check count_true rows_in lsn_to_int
-  kill_everything zero_wal_after settle_wal_writer);
+  kill_everything zero_wal_after settle_wal_writer pg_wal_digest);
 
 # fsync is on (the test framework turns it off by default): WAL fsyncs are
 # what is measured. The WAL writer flushes at most every wal_writer_delay (10s, its maximum)
@@ -148,6 +149,22 @@ sub zero_wal_after
 		$zeroed += $segsize - $offset;
 	}
 	return $zeroed;
+}
+
+# A digest of the node's WAL segment files (names and content): equal before
+# and after a refused start proves pg_wal was not touched.
+sub pg_wal_digest
+{
+	my ($node) = @_;
+	my $dir = $node->data_dir . '/pg_wal';
+	my $md5 = Digest::MD5->new;
+	opendir my $dh, $dir or die $!;
+	for my $f (sort grep { /^[0-9A-F]{24}$/ } readdir $dh)
+	{
+		open my $fh, '<:raw', "$dir/$f" or die $!;
+		$md5->add($f)->addfile($fh);
+	}
+	return $md5->hexdigest;
 }
 
 1;

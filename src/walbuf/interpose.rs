@@ -124,24 +124,73 @@ pub fn install() -> Result<(), String> {
         (&slots.fdatasync, wal_fdatasync as *const () as usize),
         (&slots.close, tracked_close as *const () as usize),
     ];
-    // SAFETY: each slot is a GOT entry of the main program (found above).
-    // With RELRO the GOT is read-only after relocation: make its page
-    // writable, store the wrapper's address, and make it read-only again.
-    // Only the postmaster runs this, before forking any child.
-    unsafe {
-        let page = libc::sysconf(libc::_SC_PAGESIZE) as usize;
-        for (list, target) in targets {
-            for &slot in list {
-                let start = (slot as usize) & !(page - 1);
-                if libc::mprotect(start as *mut c_void, page, libc::PROT_READ | libc::PROT_WRITE) != 0 {
-                    return Err(format!("mprotect of the GOT failed: {}", std::io::Error::last_os_error()));
-                }
-                std::ptr::write_volatile(slot, target);
-                libc::mprotect(start as *mut c_void, page, libc::PROT_READ);
-            }
+    // SAFETY: sysconf has no preconditions.
+    let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) } as usize;
+    for (list, target) in targets {
+        for &slot in list {
+            // SAFETY: each slot is a GOT entry of the main program (found
+            // above). Only the postmaster runs this, before forking any child.
+            unsafe { write_slot(slot, target, page)? };
         }
     }
     Ok(())
+}
+
+/// Stores `target` in the GOT slot `slot`, leaving its page's protection as
+/// it was. With full RELRO (BIND_NOW, as in distribution packages) the GOT
+/// is read-only after relocation and is made writable for the store only.
+/// Without it (a plain source build) the slot is in a writable .got.plt
+/// that may share its page with .data: that page is written as it is,
+/// since making it read-only afterwards would crash the next lazy binding
+/// or write to a global there.
+///
+/// # Safety
+/// `slot` must be a GOT entry of this process and `page` the page size.
+unsafe fn write_slot(slot: *mut usize, target: usize, page: usize) -> Result<(), String> {
+    let start = (slot as usize) & !(page - 1);
+    let prot = page_protection(start)?;
+    if prot & libc::PROT_WRITE != 0 {
+        // SAFETY: a writable GOT entry (the caller's promise).
+        unsafe { std::ptr::write_volatile(slot, target) };
+        return Ok(());
+    }
+    // SAFETY: `start` is the page of a mapped GOT entry; only its write
+    // permission is added, and the exact previous protection put back.
+    unsafe {
+        if libc::mprotect(start as *mut c_void, page, prot | libc::PROT_WRITE) != 0 {
+            return Err(format!("mprotect of the GOT failed: {}", std::io::Error::last_os_error()));
+        }
+        std::ptr::write_volatile(slot, target);
+        if libc::mprotect(start as *mut c_void, page, prot) != 0 {
+            return Err(format!("restoring the GOT's protection failed: {}", std::io::Error::last_os_error()));
+        }
+    }
+    Ok(())
+}
+
+/// The current protection (PROT_* bits) of the page at `addr` in this process.
+fn page_protection(addr: usize) -> Result<c_int, String> {
+    let maps = std::fs::read_to_string("/proc/self/maps").map_err(|e| format!("could not read /proc/self/maps: {e}"))?;
+    protection_in_maps(&maps, addr).ok_or_else(|| format!("no mapping in /proc/self/maps contains address {addr:#x}"))
+}
+
+/// The protection of the mapping that contains `addr`, from the text of
+/// /proc/self/maps, whose lines read
+/// `55d0c4c10000-55d0c4c20000 rw-p 0040f000 fe:00 1234 /usr/lib/postgresql/15/bin/postgres`
+/// (hex range, end excluded; then r/w/x and p(rivate) or s(hared)).
+fn protection_in_maps(maps: &str, addr: usize) -> Option<c_int> {
+    let parse = |line: &str| -> Option<c_int> {
+        let mut fields = line.split_whitespace();
+        let (range, perms) = (fields.next()?, fields.next()?.as_bytes());
+        let (start, end) = range.split_once('-')?;
+        let (start, end) = (usize::from_str_radix(start, 16).ok()?, usize::from_str_radix(end, 16).ok()?);
+        if !(start..end).contains(&addr) || perms.len() < 3 {
+            return None;
+        }
+        let bit = |i: usize, c: u8, prot: c_int| if perms[i] == c { prot } else { libc::PROT_NONE };
+        Some(bit(0, b'r', libc::PROT_READ) | bit(1, b'w', libc::PROT_WRITE) | bit(2, b'x', libc::PROT_EXEC))
+    };
+    maps.lines().find_map(parse)
 }
 
 /// Per-process map from open file descriptors to the WAL segments they
@@ -240,4 +289,79 @@ unsafe extern "C" fn tracked_close(fd: c_int) -> c_int {
     FD_CACHE.0.set(cache);
     // SAFETY: the call PostgreSQL made, unchanged.
     unsafe { libc::close(fd) }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use libc::{PROT_EXEC, PROT_NONE, PROT_READ, PROT_WRITE};
+
+    #[test]
+    fn protection_from_maps_text() {
+        // A lazily bound executable: .got.plt and .data share the rw-p mapping.
+        let maps = "\
+55d0c4800000-55d0c4a00000 r-xp 00000000 fe:00 1234 /usr/local/pgsql/bin/postgres
+55d0c4c00000-55d0c4c10000 r--p 00400000 fe:00 1234 /usr/local/pgsql/bin/postgres
+55d0c4c10000-55d0c4c20000 rw-p 00410000 fe:00 1234 /usr/local/pgsql/bin/postgres
+55d0c4c20000-55d0c4c21000 ---p 00000000 00:00 0
+7ffd1c000000-7ffd1c021000 rw-p 00000000 00:00 0                          [stack]
+";
+        assert_eq!(protection_in_maps(maps, 0x55d0_c480_0000), Some(PROT_READ | PROT_EXEC));
+        assert_eq!(protection_in_maps(maps, 0x55d0_c4c0_fff8), Some(PROT_READ));
+        assert_eq!(protection_in_maps(maps, 0x55d0_c4c1_0000), Some(PROT_READ | PROT_WRITE)); // end excluded
+        assert_eq!(protection_in_maps(maps, 0x55d0_c4c1_8010), Some(PROT_READ | PROT_WRITE));
+        assert_eq!(protection_in_maps(maps, 0x55d0_c4c2_0000), Some(PROT_NONE));
+        assert_eq!(protection_in_maps(maps, 0x7ffd_1c02_0fff), Some(PROT_READ | PROT_WRITE));
+        assert_eq!(protection_in_maps(maps, 0x1000), None);
+        assert_eq!(protection_in_maps(maps, 0x55d0_c4a0_0000), None); // between mappings
+        assert_eq!(protection_in_maps("", 0x1000), None);
+    }
+
+    fn anonymous_page(page: usize) -> *mut c_void {
+        // SAFETY: a fresh private anonymous mapping, owned by the test.
+        let addr = unsafe {
+            libc::mmap(std::ptr::null_mut(), page, PROT_READ | PROT_WRITE, libc::MAP_PRIVATE | libc::MAP_ANONYMOUS, -1, 0)
+        };
+        assert_ne!(addr, libc::MAP_FAILED);
+        addr
+    }
+
+    /// Against the real /proc/self/maps of this process.
+    #[test]
+    fn protection_of_a_real_page() {
+        // SAFETY: sysconf has no preconditions.
+        let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) } as usize;
+        let addr = anonymous_page(page);
+        assert_eq!(page_protection(addr as usize), Ok(PROT_READ | PROT_WRITE));
+        // SAFETY: the test's own mapping.
+        assert_eq!(unsafe { libc::mprotect(addr, page, PROT_READ) }, 0);
+        assert_eq!(page_protection(addr as usize + 8), Ok(PROT_READ));
+        // SAFETY: as above; not used afterwards.
+        unsafe { libc::munmap(addr, page) };
+    }
+
+    /// write_slot stores the value and leaves the page's protection as it
+    /// found it: a writable page stays writable (the lazily bound case), a
+    /// read-only one (full RELRO) is read-only again.
+    #[test]
+    fn write_slot_keeps_the_page_protection() {
+        // SAFETY: sysconf has no preconditions.
+        let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) } as usize;
+        let addr = anonymous_page(page);
+        let slot = (addr as usize + 16) as *mut usize;
+        // SAFETY: the slot lies in the test's own mapping.
+        unsafe { write_slot(slot, 0x1234, page) }.unwrap();
+        // SAFETY: as above.
+        assert_eq!(unsafe { slot.read_volatile() }, 0x1234);
+        assert_eq!(page_protection(addr as usize), Ok(PROT_READ | PROT_WRITE));
+        // SAFETY: the test's own mapping.
+        assert_eq!(unsafe { libc::mprotect(addr, page, PROT_READ) }, 0);
+        // SAFETY: the slot lies in the test's own mapping.
+        unsafe { write_slot(slot, 0x5678, page) }.unwrap();
+        // SAFETY: as above (readable).
+        assert_eq!(unsafe { slot.read_volatile() }, 0x5678);
+        assert_eq!(page_protection(addr as usize), Ok(PROT_READ));
+        // SAFETY: as above; not used afterwards.
+        unsafe { libc::munmap(addr, page) };
+    }
 }

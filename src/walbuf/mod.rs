@@ -2,6 +2,7 @@
 //! memory instead of fsyncing pg_wal on every commit.
 //!
 //! - `format`: the buffer file's layout and checksums.
+//! - `file`: the file system under the buffer file and the server's lock on it.
 //! - `pmem`: the libpmem binding.
 //! - `segment`: WAL segment files.
 //! - `ring`: what a WAL write or fsync does while the buffer is on.
@@ -12,6 +13,7 @@
 //! from the shared-memory startup hook, before the startup process exists)
 //! and the status function.
 
+mod file;
 mod format;
 mod interpose;
 mod pmem;
@@ -30,8 +32,12 @@ use std::sync::atomic::{AtomicBool, Ordering};
 pub static WAL_BUFFER_PATH: GucSetting<Option<CString>> = GucSetting::<Option<CString>>::new(None);
 /// In kB.
 pub static WAL_BUFFER_SIZE: GucSetting<i32> = GucSetting::<i32>::new(16 * 1024);
+/// Accept a buffer on tmpfs or ramfs (tests and benchmarks).
+pub static WAL_BUFFER_ALLOW_VOLATILE: GucSetting<bool> = GucSetting::<bool>::new(false);
 /// The smallest useful buffer: eight 8 kB WAL pages.
 const MIN_SIZE_KB: i32 = 64;
+/// How long to wait for the lock on the buffer file when another process holds it.
+const LOCK_PATIENCE: std::time::Duration = std::time::Duration::from_secs(5);
 
 pub fn define_gucs() {
     GucRegistry::define_string_guc(
@@ -53,6 +59,16 @@ WAL segment is finished. The file is created if missing.",
         1024 * 1024 * 1024, // 1 TB in kB
         GucContext::Postmaster,
         GucFlags::UNIT_KB,
+    );
+    GucRegistry::define_bool_guc(
+        c"delayed_durability.wal_buffer_allow_volatile",
+        c"Accepts a persistent WAL buffer on tmpfs or ramfs, which does not survive a power cut.",
+        c"Such a file is in DRAM: it survives a crash of the server but not of the machine, so \
+commits acknowledged as durable through it are lost at a power cut or operating-system crash. \
+Off refuses to start with such a buffer; turn it on only for tests and benchmarks.",
+        &WAL_BUFFER_ALLOW_VOLATILE,
+        GucContext::Postmaster,
+        GucFlags::SUPERUSER_ONLY,
     );
 }
 
@@ -145,6 +161,8 @@ fn start(path: &'static CStr, shared: *mut ring::Shared) {
     let cluster = restore::read_control_file(segment_size)
         .unwrap_or_else(|e| fatal(PgSqlErrorCode::ERRCODE_IO_ERROR, e, None, ""));
 
+    // After a crash of a child the postmaster runs this again: it keeps its
+    // mapping, and its lock on the file (taken once, in open()).
     let first_start = GLOBAL.map.get().is_none();
     let map = match GLOBAL.map.get() {
         Some(map) => map,
@@ -233,7 +251,9 @@ fn check_settings(shown: &str) {
     }
 }
 
-/// Maps the configured file, creating it when missing (or empty).
+/// At first start: checks where the file lives, makes it this server's
+/// (before anything reads or writes it), and maps it, creating it when
+/// missing (or empty).
 fn open(path: &CStr, shown: &str) -> pmem::Mapping {
     let file = std::path::Path::new(shown);
     let dir = file.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(std::path::Path::new("."));
@@ -245,6 +265,9 @@ fn open(path: &CStr, shown: &str) -> pmem::Mapping {
             "Create it on a persistent-memory (DAX) file system, or correct delayed_durability.wal_buffer_path.",
         );
     }
+    // An existing file is checked itself (it may be a symlink elsewhere).
+    check_survives_power_cut(if file.exists() { file } else { dir }, shown);
+    lock(path, shown);
     let size = std::fs::metadata(file).map(|m| m.len()).ok();
     let existing = match size {
         Some(n) if n as usize >= format::HEADER_SIZE => Some(pmem::map(path, None)),
@@ -255,6 +278,65 @@ fn open(path: &CStr, shown: &str) -> pmem::Mapping {
     existing
         .unwrap_or_else(|| pmem::map(path, Some(wanted)))
         .unwrap_or_else(|e| map_failed(shown, e))
+}
+
+/// tmpfs and ramfs are DRAM: a buffer there survives a crash of the server,
+/// not of the machine. Accepted only when asked for (tests, benchmarks).
+fn check_survives_power_cut(path: &std::path::Path, shown: &str) {
+    let kind = file::volatile_file_system(path).unwrap_or_else(|e| {
+        fatal(
+            PgSqlErrorCode::ERRCODE_IO_ERROR,
+            format!("could not determine the file system of \"{}\": {e}", path.display()),
+            None,
+            "",
+        )
+    });
+    let Some(kind) = kind else { return };
+    if !WAL_BUFFER_ALLOW_VOLATILE.get() {
+        fatal(
+            PgSqlErrorCode::ERRCODE_INVALID_PARAMETER_VALUE,
+            format!("persistent WAL buffer \"{shown}\" is on a file system that does not survive a power cut ({kind})"),
+            Some(format!(
+                "{kind} keeps its files in memory: commits acknowledged as durable through the buffer would be lost at a power cut or operating-system crash."
+            )),
+            "Put the buffer on a DAX file system over persistent memory: ext4 or xfs created on an fsdax \
+namespace (ndctl create-namespace --mode=fsdax) and mounted with \"mount -o dax /dev/pmem0 /mnt/pmem\". \
+For tests and benchmarks only, delayed_durability.wal_buffer_allow_volatile = on accepts it.",
+        );
+    }
+    pgrx::warning!(
+        "delayed_durability: persistent WAL buffer \"{shown}\" is on {kind} (delayed_durability.wal_buffer_allow_volatile = on): commits acknowledged as durable through this buffer are lost at a power cut or operating-system crash"
+    );
+}
+
+/// Takes the server's lock on the buffer file, for the postmaster's life:
+/// two servers appending to one buffer (a pg_basebackup copy on the same
+/// host inherits the path and the system identifier) would overwrite each
+/// other's WAL, and a starting one would restore and reformat the other's.
+fn lock(path: &CStr, shown: &str) {
+    let holder = match file::lock(path, LOCK_PATIENCE) {
+        Ok(()) => return,
+        Err(file::LockError::Held(holder)) => holder,
+        Err(file::LockError::Io(e)) => fatal(
+            PgSqlErrorCode::ERRCODE_IO_ERROR,
+            format!("could not lock the persistent WAL buffer \"{shown}\": {e}"),
+            None,
+            "",
+        ),
+    };
+    let detail = match holder {
+        Some(file::Holder { pid, data_dir: Some(dir) }) => format!("It is locked by process {pid} (data directory \"{dir}\")."),
+        Some(file::Holder { pid, data_dir: None }) => format!("It is locked by process {pid}."),
+        None => "Another process holds a lock on it.".to_string(),
+    };
+    fatal(
+        PgSqlErrorCode::ERRCODE_LOCK_NOT_AVAILABLE,
+        format!("persistent WAL buffer \"{shown}\" is in use by another server"),
+        Some(detail),
+        "Each server needs its own buffer file. A copy of a data directory (pg_basebackup, a file \
+system copy) keeps the original's settings: set delayed_durability.wal_buffer_path of the copy to \
+another file, or empty it.",
+    );
 }
 
 fn map_failed(shown: &str, e: String) -> ! {
