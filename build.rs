@@ -32,6 +32,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     for flag in pg_config.cppflags()?.to_string_lossy().split_whitespace() {
         build.flag(flag);
     }
+    // The flags PostgreSQL itself is compiled with where its headers rely on
+    // them; the shim's symbols stay inside the library.
+    for flag in ["-fwrapv", "-fno-strict-aliasing", "-fexcess-precision=standard", "-fvisibility=hidden"] {
+        build.flag_if_supported(flag);
+    }
     build.flag_if_supported("-Wno-unused-parameter");
     build.compile("delayed_durability_c");
     Ok(())

@@ -58,9 +58,10 @@ build_and_install() {
     rm -f "$("$PG_CONFIG" --pkglibdir)/delayed_durability.so" \
         "$("$PG_CONFIG" --sharedir)"/extension/delayed_durability--*.sql
     (cd "$REPO_ROOT" && cargo pgrx install --release --pg-config "$PG_CONFIG") >&2
-    # Full scripts of earlier versions, so that CREATE EXTENSION ... VERSION
-    # and the update path can be tested (pgrx installs only the current one).
-    install -m 644 "$REPO_ROOT"/sql/versions/*.sql "$("$PG_CONFIG" --sharedir)/extension/"
+    # The update scripts and the full scripts of earlier versions live in
+    # extension/ (sql/ holds only pg_regress tests); cargo pgrx installs the
+    # current version's full script only.
+    install -m 644 "$REPO_ROOT"/extension/*.sql "$("$PG_CONFIG" --sharedir)/extension/"
 }
 
 # A scratch directory the postgres user owns.

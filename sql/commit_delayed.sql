@@ -10,6 +10,15 @@ LANGUAGE sql AS $$
          commits_forced_durable, flush_log_calls
     FROM delayed_durability_stats WHERE datname = current_database()
 $$;
+-- Independent of the counters: is PostgreSQL's WAL flush position at or
+-- past the end of inserted WAL? (the insert position stepped back over a
+-- page or segment header, as flush_log.sql explains)
+CREATE FUNCTION flushed() RETURNS boolean LANGUAGE sql VOLATILE AS $$
+  SELECT pg_current_wal_flush_lsn() >= CASE
+    WHEN (i - '0/0'::pg_lsn) % pg_size_bytes(current_setting('wal_segment_size')) = 40 THEN i - 40
+    WHEN (i - '0/0'::pg_lsn) % 8192 = 24 THEN i - 24
+    ELSE i END
+  FROM (SELECT pg_current_wal_insert_lsn() AS i) AS s $$;
 \set deltas 'SELECT durable - :b_durable AS durable, delayed - :b_delayed AS delayed, ignored - :b_ignored AS ignored, forced - :b_forced AS forced, flushes - :b_flushes AS flushes FROM counters()'
 
 -- disabled: the request is ignored without error, every commit is durable,
@@ -20,8 +29,10 @@ BEGIN;
 SELECT commit_delayed();
 INSERT INTO t VALUES (1);
 COMMIT;
+SELECT flushed() AS durable_despite_request;
 SET synchronous_commit = off;
 INSERT INTO t VALUES (2);
+SELECT flushed() AS durable_despite_sync_off;
 RESET synchronous_commit;
 INSERT INTO t VALUES (3);
 :deltas;
@@ -163,23 +174,32 @@ BEGIN;
 SELECT commit_delayed();
 INSERT INTO t VALUES (3000);
 PREPARE TRANSACTION 'dd_2pc';
+SELECT flushed() AS prepare_durable;
 COMMIT PREPARED 'dd_2pc';
+SELECT flushed() AS commit_prepared_durable;
 BEGIN;
 INSERT INTO t VALUES (3001);
 PREPARE TRANSACTION 'dd_2pc_rollback';
 ROLLBACK PREPARED 'dd_2pc_rollback';
+SELECT flushed() AS rollback_prepared_durable;
 CREATE TABLE dropped (i int);
 DROP TABLE dropped;
+SELECT flushed() AS drop_table_durable;
 TRUNCATE t;
+SELECT flushed() AS truncate_durable;
 :deltas;
 -- CREATE/DROP DATABASE and TABLESPACE: PostgreSQL forces their commit
 -- durable (ForceSyncCommit); the utility hook counts them as forced.
 SELECT * FROM counters() \gset b_
 CREATE DATABASE dd_forced_db;
+SELECT flushed() AS create_database_durable;
 DROP DATABASE dd_forced_db;
+SELECT flushed() AS drop_database_durable;
 SET allow_in_place_tablespaces = on;
 CREATE TABLESPACE dd_forced_ts LOCATION '';
+SELECT flushed() AS create_tablespace_durable;
 DROP TABLESPACE dd_forced_ts;
+SELECT flushed() AS drop_tablespace_durable;
 RESET allow_in_place_tablespaces;
 :deltas;
 -- Under disabled they are plain durable commits.
@@ -189,6 +209,7 @@ BEGIN;
 INSERT INTO t VALUES (3002);
 PREPARE TRANSACTION 'dd_2pc';
 COMMIT PREPARED 'dd_2pc';
+SELECT flushed() AS commit_prepared_durable;
 :deltas;
 SELECT count(*) FROM t;
 
@@ -207,3 +228,4 @@ SELECT commits_durable, commits_delayed, delayed_requests_ignored,
 DROP PROCEDURE insert_loop;
 DROP TABLE t;
 DROP FUNCTION counters;
+DROP FUNCTION flushed;

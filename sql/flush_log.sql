@@ -17,8 +17,10 @@ SELECT flush_lsn >= :'after_commit'::pg_lsn AS flushed, bytes_at_risk = 0 AS not
 -- The status columns and their types.
 SELECT pg_typeof(insert_lsn), pg_typeof(flush_lsn), pg_typeof(bytes_at_risk), pg_typeof(wal_flushes)
   FROM delayed_durability_status();
-SELECT insert_lsn >= flush_lsn AS ordered, wal_flushes >= 0 AS counted
-  FROM delayed_durability_status();
+SELECT insert_lsn >= flush_lsn AS ordered FROM delayed_durability_status();
+-- wal_flushes is PostgreSQL's own count of WAL fsyncs (pg_stat_wal.wal_sync).
+SELECT s.wal_flushes = w.wal_sync AS same_as_pg_stat_wal
+  FROM delayed_durability_status() AS s, pg_stat_wal AS w;
 
 -- Right after a segment switch the insert position sits after the next
 -- segment's page header: flush_log() must not ask for bytes nobody wrote.

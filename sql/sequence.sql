@@ -193,7 +193,12 @@ SELECT cached_nextval('s3') AS other, cached_lastval() AS l, cached_currval('cv'
 \c
 SELECT cached_lastval();
 SELECT cached_currval('cv');
+CREATE FUNCTION seq_writes() RETURNS bigint LANGUAGE sql AS $$
+  SELECT sequence_recovery_writes FROM delayed_durability_stats WHERE datname = current_database() $$;
+SELECT seq_writes() AS writes_before \gset
 SELECT cached_nextval('cv') AS v, cached_currval('cv') AS c, cached_lastval() AS l;
+SELECT seq_writes() - :writes_before AS refills;
+DROP FUNCTION seq_writes;
 -- Privileges: SELECT or USAGE, like currval().
 CREATE ROLE cv_nobody;
 CREATE ROLE cv_select;

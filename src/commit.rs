@@ -30,8 +30,13 @@ use std::ffi::CStr;
 struct Decision {
     /// The policy asked for a delayed commit.
     wanted_delayed: bool,
-    /// ... but something in the transaction needs it durable.
-    required_durable: bool,
+    /// The commit level this commit runs with is off.
+    delayed: bool,
+    /// The transaction had an xid at pre-commit.
+    had_xid: bool,
+    /// It had written WAL by pre-commit: RecordTransactionCommit flushes
+    /// (at a level above off) only when it did.
+    wrote_wal: bool,
     ignored_request: bool,
 }
 
@@ -113,15 +118,22 @@ fn commit_level() -> i32 {
 const OFF: i32 = pg_sys::SyncCommitLevel::SYNCHRONOUS_COMMIT_OFF as i32;
 const ON: i32 = pg_sys::SyncCommitLevel::SYNCHRONOUS_COMMIT_REMOTE_FLUSH as i32;
 
+unsafe extern "C" {
+    /// The GUC's assign hook (syncrep.c; declared in syncrep.h up to
+    /// PostgreSQL 15 and in utils/guc_hooks.h from 16 on, which pgrx's
+    /// bindings leave out). It only sets syncrep.c's wait mode.
+    fn assign_synchronous_commit(newval: std::ffi::c_int, extra: *mut std::ffi::c_void);
+}
+
 /// Sets synchronous_commit and, through its assign hook, the wait mode for
 /// synchronous replication that goes with it (what set_config_option would
 /// do, without its per-call cost).
 fn set_commit_level(level: i32) {
-    // SAFETY: the backend-local GUC variable and its assign hook, which only
-    // sets syncrep.c's wait mode from the level and raises nothing.
+    // SAFETY: the backend-local GUC variable and its assign hook, which
+    // raises nothing (so no error can pass through this frame).
     unsafe {
         pg_sys::synchronous_commit = level;
-        pg_sys::assign_synchronous_commit(level, std::ptr::null_mut());
+        assign_synchronous_commit(level, std::ptr::null_mut());
     }
 }
 
@@ -165,8 +177,7 @@ fn before_commit() {
         Mode::Allowed => requested || sync_off,
         Mode::Forced => true,
     };
-    let required_durable = STATE.durable_required.get();
-    let delayed = wanted_delayed && !required_durable;
+    let delayed = wanted_delayed && !STATE.durable_required.get();
     if delayed && !sync_off {
         change_commit_level(OFF);
     } else if !delayed && sync_off {
@@ -174,9 +185,35 @@ fn before_commit() {
     }
     STATE.decision.set(Some(Decision {
         wanted_delayed,
-        required_durable,
+        delayed,
+        had_xid: transaction_has_xid(),
+        // SAFETY: backend-local; the end of this transaction's last WAL record, 0 if none.
+        wrote_wal: unsafe { pg_sys::XactLastRecEnd } != 0,
         ignored_request: requested && mode == Mode::Disabled,
     }));
+}
+
+/// Whether the commit record just written is flushed, making it so when
+/// the policy said durable and PostgreSQL did not flush it because the
+/// transaction got its xid only after pre-commit (NOTIFY, pg_notify(): the
+/// notification is delivered right after this callback, and a listener must
+/// not act on a transaction a crash could lose).
+fn commit_is_flushed(decision: &Decision, commit_prepared: bool) -> bool {
+    let flushed_by_core = commit_prepared || STATE.core_forces_sync.get() || commit_drops_relation_files();
+    if flushed_by_core || (!decision.delayed && decision.wrote_wal) {
+        return true;
+    }
+    if !decision.delayed && !decision.had_xid {
+        // SAFETY: XactLastCommitEnd is the end of the commit record
+        // RecordTransactionCommit just wrote; XLogFlush raises nothing
+        // short of a PANIC.
+        unsafe { pg_sys::XLogFlush(pg_sys::XactLastCommitEnd) };
+        return true;
+    }
+    // Delayed, or a transaction that wrote no WAL but had an xid (only
+    // temporary or unlogged tables): PostgreSQL commits it asynchronously,
+    // nothing it did survives a crash anyway.
+    false
 }
 
 fn after_commit() {
@@ -185,12 +222,9 @@ fn after_commit() {
         // A commit record was written: the transaction had an xid by the
         // time it committed, or it committed a prepared transaction.
         if commit_prepared || transaction_has_xid() {
-            let flushed_anyway =
-                commit_prepared || STATE.core_forces_sync.get() || commit_drops_relation_files();
-            let forced_durable = decision.wanted_delayed && (flushed_anyway || decision.required_durable);
-            let delayed = decision.wanted_delayed && !forced_durable;
-            stats::count(if delayed { Counter::CommitsDelayed } else { Counter::CommitsDurable });
-            if forced_durable {
+            let flushed = commit_is_flushed(&decision, commit_prepared);
+            stats::count(if flushed { Counter::CommitsDurable } else { Counter::CommitsDelayed });
+            if flushed && decision.wanted_delayed {
                 stats::count(Counter::CommitsForcedDurable);
             }
         }
@@ -232,13 +266,24 @@ pub unsafe extern "C-unwind" fn dd_note_utility_statement(stmt: *mut pg_sys::Nod
                     STATE.core_forces_sync.set(true);
                 }
             }
-            pg_sys::NodeTag::T_DiscardStmt => {
-                let target = (*(stmt as *mut pg_sys::DiscardStmt)).target;
-                if target == pg_sys::DiscardMode::DISCARD_ALL || target == pg_sys::DiscardMode::DISCARD_SEQUENCES {
-                    crate::sequence::discard_session_values();
-                }
-            }
             _ => {}
+        }
+    }
+}
+
+/// Called by the utility hook after a utility statement succeeded.
+#[no_mangle]
+#[pg_guard]
+pub unsafe extern "C-unwind" fn dd_after_utility_statement(stmt: *mut pg_sys::Node) {
+    // SAFETY: as in dd_note_utility_statement.
+    unsafe {
+        if !stmt.is_null() && (*stmt).type_ == pg_sys::NodeTag::T_DiscardStmt {
+            // DISCARD SEQUENCES and DISCARD ALL forget cached_currval()
+            // values, as they forget currval()'s.
+            let target = (*(stmt as *mut pg_sys::DiscardStmt)).target;
+            if target == pg_sys::DiscardMode::DISCARD_ALL || target == pg_sys::DiscardMode::DISCARD_SEQUENCES {
+                crate::sequence::discard_session_values();
+            }
         }
     }
 }

@@ -34,6 +34,12 @@ pub extern "C-unwind" fn _PG_init() {
     sequence::define_gucs();
     walbuf::define_gucs();
     guc::reserve_prefix();
+    shmem::register(shmem::Region { request: stats::request_shared_memory, attach: stats::attach_shared_memory });
+    shmem::register(shmem::Region {
+        request: sequence::request_shared_memory,
+        attach: sequence::attach_shared_memory,
+    });
+    shmem::register(shmem::Region { request: walbuf::request_shared_memory, attach: walbuf::attach_shared_memory });
     shmem::install_hooks();
     sequence::register_invalidation_callback();
     commit::install_hooks();

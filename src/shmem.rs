@@ -1,6 +1,9 @@
 //! The extension's one pair of shared-memory hooks, chained to the previous
-//! ones as contrib modules do. Each capability says what it needs
-//! (`request`) and finds its memory again in every process (`attach`).
+//! ones as contrib modules do, and a registry that knows nothing of the
+//! capabilities: each one registers, from _PG_init, what it needs
+//! (`request`) and how it finds its memory again in every process
+//! (`attach`). The dependency is one-way: capabilities use this module,
+//! never the other way round.
 
 use pgrx::pg_sys;
 use pgrx::prelude::*;
@@ -10,16 +13,34 @@ static mut PREV_SHMEM_STARTUP_HOOK: pg_sys::shmem_startup_hook_type = None;
 #[cfg(not(any(feature = "pg13", feature = "pg14")))]
 static mut PREV_SHMEM_REQUEST_HOOK: pg_sys::shmem_request_hook_type = None;
 
+/// A capability's shared memory: what to request, and how to attach.
+#[derive(Clone, Copy)]
+pub struct Region {
+    pub request: fn(),
+    pub attach: fn(),
+}
+
+const MAX_REGIONS: usize = 8;
+struct Registry(std::cell::Cell<[Option<Region>; MAX_REGIONS]>);
+// SAFETY: registered in the postmaster's _PG_init and only read afterwards,
+// each process on its one thread.
+unsafe impl Sync for Registry {}
+static REGIONS: Registry = Registry(std::cell::Cell::new([None; MAX_REGIONS]));
+
+/// Called from _PG_init, before install_hooks().
+pub fn register(region: Region) {
+    let mut regions = REGIONS.0.get();
+    let free = regions.iter().position(Option::is_none).expect("more shared-memory regions than MAX_REGIONS");
+    regions[free] = Some(region);
+    REGIONS.0.set(regions);
+}
+
 fn request_all() {
-    crate::stats::request_shared_memory();
-    crate::sequence::request_shared_memory();
-    crate::walbuf::request_shared_memory();
+    REGIONS.0.get().iter().flatten().for_each(|r| (r.request)());
 }
 
 fn attach_all() {
-    crate::stats::attach_shared_memory();
-    crate::sequence::attach_shared_memory();
-    crate::walbuf::attach_shared_memory();
+    REGIONS.0.get().iter().flatten().for_each(|r| (r.attach)());
 }
 
 /// Called from _PG_init in the postmaster.

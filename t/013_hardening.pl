@@ -30,9 +30,9 @@ my $pid = $node->safe_psql('postgres', 'SELECT pg_postmaster_start_time()');
 my @cases = (
 	[ "SELECT cached_nextval(NULL) IS NULL", qr/^t$/ ],
 	[ "SELECT cached_nextval('no_such')", qr/relation "no_such" does not exist/ ],
-	[ "SELECT cached_nextval(4294967295::oid::regclass)", qr/could not open relation with OID/ ],
+	[ "SELECT cached_nextval(4294967295::oid::regclass)", qr/relation with OID 4294967295 does not exist/ ],
 	[ "SELECT cached_nextval('pg_class')", qr/"pg_class" is not a sequence/ ],
-	[ "SELECT cached_nextval(1)", qr/could not open relation with OID 1/ ],
+	[ "SELECT cached_nextval(1)", qr/relation with OID 1 does not exist/ ],
 	[ "SELECT cached_nextval('s', 1)", qr/function cached_nextval\(unknown, integer\) does not exist/ ],
 	[ "SELECT commit_delayed(true)", qr/function commit_delayed\(boolean\) does not exist/ ],
 	[ "SELECT flush_log(NULL)", qr/function flush_log\(unknown\) does not exist/ ],

@@ -260,8 +260,13 @@ $pre->safe_psql('postgres', q{
 ALTER SYSTEM RESET delayed_durability.mode;
 CREATE EXTENSION delayed_durability;
 CREATE TABLE not_a_sequence_table (a int);
+CREATE SEQUENCE rb_seq;
 });
 my @user_errors = (
+	# A PostgreSQL error raised inside the extension's Rust code (the kind
+	# pgrx turns into a Rust panic and back): PreventCommandIfReadOnly.
+	[ "BEGIN READ ONLY; SELECT cached_nextval('rb_seq')",
+		qr/^psql:<stdin>:3: ERROR:  25006: cannot execute cached_nextval\(\) in a read-only transaction\n/ ],
 	[ 'SELECT cached_nextval(0)', qr/^psql:<stdin>:3: ERROR:  [0-9A-Z]{5}: .*\bOID 0\b/ ],
 	[ "SELECT cached_nextval('not_a_sequence_table')",
 		qr/^psql:<stdin>:3: ERROR:  42809: "not_a_sequence_table" is not a sequence\n/ ],

@@ -12,7 +12,7 @@ use Test::More;
 use Time::HiRes qw(usleep);
 
 our @EXPORT = qw(new_dd_node commits_with_check count_true rows_in lsn_to_int
-  kill_everything zero_wal_after settle_wal_writer pg_wal_digest);
+  kill_everything zero_wal_after settle_wal_writer pg_wal_digest power_cut);
 
 # fsync is on (the test framework turns it off by default): WAL fsyncs are
 # what is measured. The WAL writer flushes at most every wal_writer_delay (10s, its maximum)
@@ -61,6 +61,9 @@ CREATE FUNCTION flushed() RETURNS boolean LANGUAGE sql VOLATILE AS $$
 sub commits_with_check
 {
 	my ($node, $db, $setup, $statements) = @_;
+	# The WAL writer flushes nothing for the next 10 s: a commit found
+	# flushed was flushed by its own backend.
+	settle_wal_writer($node, $db);
 	# Warm the session's caches first: the first call of the SQL functions
 	# reads catalog pages, and with wal_log_hints (streaming setups) setting
 	# their hint bits after a checkpoint writes WAL that would land between a
@@ -94,6 +97,20 @@ INSERT INTO wal_writer_kick SELECT generate_series(1, 400);
 		last if $node->safe_psql($db, "SELECT pg_current_wal_flush_lsn() > '$before'") eq 't';
 		usleep(20_000);
 	}
+}
+
+# The simulated power cut, from PostgreSQL's own flush position (read right
+# before the kill, nothing running): every process killed at once, every WAL
+# byte past that position zeroed, the server started again (crash
+# recovery). Returns how many bytes were zeroed.
+sub power_cut
+{
+	my ($node) = @_;
+	my $flushed_at = lsn_to_int($node->safe_psql('postgres', 'SELECT pg_current_wal_flush_lsn()'));
+	kill_everything($node);
+	my $zeroed = zero_wal_after($node, $flushed_at);
+	$node->start;
+	return $zeroed;
 }
 
 sub count_true { my $n = 0; $n += $_ for @_; return $n; }

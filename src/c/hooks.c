@@ -13,8 +13,9 @@
 
 #include "tcop/utility.h"
 
-/* src/commit.rs */
+/* src/commit.rs; neither raises an error */
 extern void dd_note_utility_statement(Node *stmt);
+extern void dd_after_utility_statement(Node *stmt);
 
 static ProcessUtility_hook_type prev_process_utility = NULL;
 
@@ -27,7 +28,9 @@ dd_process_utility(PlannedStmt *pstmt, const char *queryString,
 				   QueryEnvironment *queryEnv, DestReceiver *dest,
 				   QueryCompletion *qc)
 {
-	dd_note_utility_statement(pstmt->utilityStmt);
+	Node	   *stmt = pstmt->utilityStmt;
+
+	dd_note_utility_statement(stmt);
 
 	if (prev_process_utility)
 		prev_process_utility(pstmt, queryString,
@@ -41,6 +44,9 @@ dd_process_utility(PlannedStmt *pstmt, const char *queryString,
 								readOnlyTree,
 #endif
 								context, params, queryEnv, dest, qc);
+
+	/* Only once the statement succeeded (DISCARD fails in a transaction block). */
+	dd_after_utility_statement(stmt);
 }
 
 /* Called once from _PG_init in the postmaster; chains the previous hook. */

@@ -29,7 +29,7 @@ typedef struct sequence_magic
 	uint32		magic;
 } sequence_magic;
 
-/* Mirrored by SequencePage in src/sequence_page.rs. */
+/* Mirrored by SequencePage in src/sequence/page.rs. */
 typedef struct DdSequencePage
 {
 	int64		last_value;

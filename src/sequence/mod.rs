@@ -30,8 +30,8 @@ use pgrx::prelude::*;
 use std::cell::RefCell;
 use std::collections::HashMap;
 
-/// nextval() never leaves log_cnt above this (sequence.c's SEQ_LOG_VALS).
-const SEQ_LOG_VALS: i64 = 32;
+/// The log_cnt of a claim on a sequence without WAL (see claim_block).
+const UNLOGGED_CLAIM_MARK: i64 = -1;
 
 pub fn define_gucs() {
     slots::define_guc();
@@ -116,9 +116,11 @@ fn claim_block(rel: pg_sys::Relation, options: &Options, slot: &mut slots::Slot)
     let end = page::block_end(options, first, size);
     // Without WAL the page LSN never changes: mark the tuple with a log_cnt
     // that nextval() (0..=32) and setval() (0) never write, so that any
-    // write of theirs shows. Permanent sequences keep an honest 0: nextval()
-    // trusts log_cnt as "values already WAL-logged".
-    let log_cnt = if permanent { 0 } else { SEQ_LOG_VALS + 1 };
+    // write of theirs shows. Negative, because nextval() trusts log_cnt as
+    // "values already WAL-logged": below any fetch, it makes nextval() log,
+    // even after ALTER SEQUENCE ... SET LOGGED copies the tuple as it is.
+    // Permanent sequences keep an honest 0.
+    let log_cnt = if permanent { 0 } else { UNLOGGED_CLAIM_MARK };
     let (record_end, written) = locked.write(end, log_cnt);
     stats::count(Counter::SequenceRecoveryWrites);
     if permanent && written.new_in_transaction {

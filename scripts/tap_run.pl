@@ -1,0 +1,46 @@
+#!/usr/bin/perl
+# Runs TAP test files with TAP::Harness and counts from its aggregator, so
+# that nothing vanishes silently: a skipped test or a file that skips
+# everything (plan skip_all) is reported as skipped, not passed; a file
+# that dies, exits non-zero or misses its plan counts as a failure even when
+# another file already failed. With CI set, any skip fails the run unless
+# the file is listed in TAP_ALLOW_SKIP (space-separated file names).
+# Usage: perl scripts/tap_run.pl t/001_x.pl ...   (environment as for prove)
+use strict;
+use warnings;
+use TAP::Harness;
+
+my @files = @ARGV or die "usage: $0 t/file.pl ...\n";
+my %allowed = map { $_ => 1 } split ' ', ($ENV{TAP_ALLOW_SKIP} // '');
+my $harness = TAP::Harness->new({ verbosity => 1, color => 0, failures => 1 });
+my $agg = $harness->runtests(@files);
+
+my ($passed, $failed, $skipped, $todo) = (0, 0, 0, 0);
+my @problems;
+for my $file ($agg->descriptions)
+{
+	my ($parser) = $agg->parsers($file);
+	my $skips = $parser->skip_all ? 1 : scalar $parser->skipped;
+	$skipped += $skips;
+	$todo += scalar $parser->todo;
+	# skipped tests are "passed" for TAP; count them once, as skipped.
+	$passed += scalar($parser->passed) - scalar($parser->skipped) - scalar($parser->todo);
+	$failed += scalar $parser->failed;
+	my $strict = $ENV{CI} && !$allowed{$file};
+	my @why;
+	push @why, 'skips everything: ' . $parser->skip_all if $parser->skip_all;
+	push @why, "$skips test(s) skipped" if $skips && !$parser->skip_all;
+	push @why, 'exit status ' . $parser->exit if $parser->exit;
+	push @why, 'parse errors: ' . join('; ', $parser->parse_errors) if $parser->parse_errors;
+	next unless @why;
+	# A problem of the whole file is one more failure unless a failed test
+	# already accounts for it; skips are failures on CI unless allowed.
+	my $broken = ($parser->exit || $parser->parse_errors) && !$parser->failed;
+	my $skip_fails = $skips && $strict;
+	$failed++ if $broken || $skip_fails;
+	push @problems, "$file: " . join(', ', @why) . ($broken || $skip_fails ? ' (counted as failed)' : '');
+}
+print "\n";
+print "tap problem: $_\n" for @problems;
+print "tap: $passed passed, $failed failed, $skipped skipped, $todo todo\n";
+exit($failed ? 1 : 0);
