@@ -10,7 +10,7 @@
 
 use pgrx_pg_config::{PgConfig, Pgrx};
 
-const SOURCES: [&str; 2] = ["src/c/hooks.c", "src/c/sequence_page.c"];
+const SOURCES: [&str; 3] = ["src/c/hooks.c", "src/c/sequence_page.c", "src/c/sync_standby.c"];
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     for source in SOURCES {

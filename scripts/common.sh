@@ -9,7 +9,7 @@ PGXS=/usr/lib/postgresql/$PG_MAJOR/lib/pgxs
 PGRX_VERSION=0.18.1
 REPO_ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 APT_PACKAGES="postgresql-$PG_MAJOR postgresql-server-dev-$PG_MAJOR postgresql-contrib libclang-dev clang
-  libpmem-dev libipc-run-perl pkg-config build-essential procps python3 python3-matplotlib"
+  libpmem-dev libipc-run-perl pkg-config build-essential procps python3 python3-matplotlib strace"
 
 # Servers refuse to run as root and a backtrace-enabled Rust runtime would
 # append backtraces to error details: run them clean.

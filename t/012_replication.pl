@@ -53,6 +53,32 @@ $primary->safe_psql('postgres',
 $waiter->quit;
 $standby->safe_psql('postgres', 'SELECT pg_wal_replay_resume()');
 
+# cached_nextval() with a synchronous standby: a new block's recovery value
+# must be on the standby before any value of it is handed out, whatever the
+# policy (shop runs under forced): with the standby's WAL receiver stopped,
+# a call that needs a new block waits and, cancelled, hands out nothing.
+$primary->safe_psql('shop', 'CREATE SEQUENCE fo CACHE 1');
+my @handed = split /\n/, $primary->safe_psql('shop', "SELECT cached_nextval('fo') FROM generate_series(1, 20)");
+is(scalar @handed, 20, 'cached_nextval() with the synchronous standby connected');
+my $walreceiver = $standby->safe_psql('postgres', 'SELECT pid FROM pg_stat_wal_receiver');
+ok(kill('STOP', $walreceiver), "standby's WAL receiver stopped");
+($ret, $out, $err) = $primary->psql('shop', "SET statement_timeout = '2s';\nSELECT cached_nextval('fo');");
+isnt($ret, 0, 'without confirmation from the standby, cached_nextval() returns no value');
+like($err, qr/ERROR:  canceling cached_nextval\(\): the synchronous standby has not confirmed/, '... and says why');
+is($out, '', '... no value printed');
+# Commits PostgreSQL makes durable anyway (here: dropping a file) are
+# flushed locally but, delayed by the policy, do not wait for the standby
+# either; native synchronous_commit = off behaves the same.
+$primary->safe_psql('shop', 'CREATE TABLE drop_me (i int); CREATE TABLE drop_me_too (i int)');
+($ret, $out, $err) = $primary->psql('shop', "SET statement_timeout = '5s';\nDROP TABLE drop_me;\nSELECT 'returned';");
+is($out, 'returned', 'forced: DROP TABLE (flushed by PostgreSQL) does not wait for the stopped standby');
+unlike($err, qr/canceling/, '... not even briefly');
+($ret, $out, $err) = $primary->psql('shop',
+	"SET delayed_durability.mode = allowed;\nSET synchronous_commit = off;\nSET statement_timeout = '5s';\nDROP TABLE drop_me_too;\nSELECT 'returned';");
+is($out, 'returned', 'native synchronous_commit = off: DROP TABLE does not wait either');
+ok(kill('CONT', $walreceiver), "standby's WAL receiver resumed");
+$primary->wait_for_catchup($standby);
+
 # flush_log() hardens delayed commits locally.
 my $flushed = $primary->safe_psql('shop',
 	"INSERT INTO t VALUES (4);\nSELECT pg_current_wal_flush_lsn() < wal_end();\nSELECT flush_log() >= wal_end();");
@@ -92,7 +118,12 @@ is($standby->safe_psql('postgres',
 	'20/0', 'after promotion: all 20 counted durable, none delayed');
 is($standby->safe_psql('shop', "SELECT commits_delayed >= 20 FROM delayed_durability_stats WHERE datname = 'shop'"),
 	't', 'the new primary counts its commits');
-cmp_ok($standby->safe_psql('postgres', "SELECT cached_nextval('s')"), '>', 0, 'cached_nextval() works after promotion');
+# Every value handed out on the old primary stays handed out: the new one
+# continues above them.
+my @after = split /\n/, $standby->safe_psql('shop', "SELECT cached_nextval('fo') FROM generate_series(1, 5)");
+my $max_handed = (sort { $b <=> $a } @handed)[0];
+cmp_ok((sort { $a <=> $b } @after)[0], '>', $max_handed,
+	"after promotion cached_nextval() continues above every value handed out before ($max_handed)");
 
 $standby->stop;
 done_testing();

@@ -72,10 +72,8 @@ for my $setting (['disabled', 'off', 0], ['allowed', 'off', 1], ['allowed', 'on'
 # after (WAL zeroed past the flush position read then) must not lose that
 # transaction: the listener may already have acted on it.
 settle_wal_writer($node);
-my ($in, $out, $err) = ('', '', '');
-my $listener = $node->background_psql('postgres', \$in, \$out, \$err, on_error_stop => 0);
-$in .= "LISTEN ch;\nSELECT 'listening';\n";
-$listener->pump until $out =~ /listening/;
+my $listener = $node->background_psql('postgres', on_error_stop => 0);
+$listener->query_safe('LISTEN ch');
 my $xid = $node->safe_psql('postgres', q{
 SET delayed_durability.mode = disabled;
 SET synchronous_commit = off;
@@ -83,18 +81,18 @@ SELECT pg_current_xact_id();
 NOTIFY ch, 'committed?';
 });
 $xid = (split /\n/, $xid)[0] + 1;    # the NOTIFY's transaction comes next (nothing else runs)
-$in .= "SELECT 'poll';\n";
-my $tries = 0;
-until ($out =~ /Asynchronous notification "ch" with payload "committed\?" received/ || $tries++ > 100)
+my $heard = '';
+for (1 .. 100)
 {
-	$in .= "SELECT 'poll';\n";
-	$listener->pump;
+	# psql prints notifications after each command it runs.
+	$heard .= $listener->query("SELECT 'poll'");
+	last if $heard =~ /Asynchronous notification "ch" with payload "committed\?" received/;
 	usleep(50_000);
 }
-like($out, qr/Asynchronous notification "ch" with payload "committed\?" received/, 'the listener received the notification');
+like($heard, qr/Asynchronous notification "ch" with payload "committed\?" received/, 'the listener received the notification');
 my $flushed_at = lsn_to_int($node->safe_psql('postgres', 'SELECT pg_current_wal_flush_lsn()'));
 kill_everything($node);
-$listener->kill_kill;
+$listener->{run}->kill_kill;
 cmp_ok(zero_wal_after($node, $flushed_at), '>', 0, 'power cut: WAL past the flush position zeroed');
 $node->start;
 my ($ret, $status) = $node->psql('postgres', "SELECT pg_xact_status('$xid')");

@@ -9,10 +9,12 @@ use Exporter 'import';
 use PostgreSQL::Test::Cluster;
 use PostgreSQL::Test::Utils;
 use Test::More;
+use IPC::Run;
 use Time::HiRes qw(usleep);
 
 our @EXPORT = qw(new_dd_node commits_with_check count_true rows_in lsn_to_int
-  kill_everything zero_wal_after settle_wal_writer pg_wal_digest power_cut);
+  kill_everything zero_wal_after settle_wal_writer pg_wal_digest power_cut
+  start_fsync_trace stop_fsync_trace zero_unsynced_wal);
 
 # fsync is on (the test framework turns it off by default): WAL fsyncs are
 # what is measured. The WAL writer flushes at most every wal_writer_delay (10s, its maximum)
@@ -35,6 +37,9 @@ checkpoint_timeout = 1h
 autovacuum = off
 } . ($opts{conf} // ''));
 	$node->start;
+	# A database of its own for settle_wal_writer(), whose commits must not
+	# show in the counters of the databases a test checks.
+	$node->safe_psql('postgres', 'CREATE DATABASE dd_settle');
 	for my $db ('template1', 'postgres')
 	{
 		$node->safe_psql($db, q{
@@ -63,7 +68,7 @@ sub commits_with_check
 	my ($node, $db, $setup, $statements) = @_;
 	# The WAL writer flushes nothing for the next 10 s: a commit found
 	# flushed was flushed by its own backend.
-	settle_wal_writer($node, $db);
+	settle_wal_writer($node);
 	# Warm the session's caches first: the first call of the SQL functions
 	# reads catalog pages, and with wal_log_hints (streaming setups) setting
 	# their hint bits after a checkpoint writes WAL that would land between a
@@ -82,8 +87,10 @@ sub commits_with_check
 # cycle may flush at any moment of a test that checks positions.
 sub settle_wal_writer
 {
-	my ($node, $db) = @_;
-	$db //= 'postgres';
+	my ($node) = @_;
+	my $db = 'dd_settle';
+	$node->safe_psql('postgres', 'CREATE DATABASE dd_settle')
+	  if $node->safe_psql('postgres', "SELECT count(*) FROM pg_database WHERE datname = '$db'") eq '0';
 	my $before = $node->safe_psql($db, 'SELECT pg_current_wal_flush_lsn()');
 	$node->safe_psql($db, q{
 SET delayed_durability.mode = allowed;
@@ -111,6 +118,107 @@ sub power_cut
 	my $zeroed = zero_wal_after($node, $flushed_at);
 	$node->start;
 	return $zeroed;
+}
+
+# Evidence from outside the server of what reached the disk: strace records
+# every pwrite64/fsync/fdatasync of every server process (those running now
+# and those forked later) with the file each descriptor names. The WAL
+# buffer skips fdatasync calls and adjusts pg_stat_wal, so only this tells
+# which WAL bytes were really synced.
+sub start_fsync_trace
+{
+	my ($node) = @_;
+	my $pm = (split /\n/, slurp_file($node->data_dir . '/postmaster.pid'))[0];
+	my @pids = grep { /^\d+$/ } ($pm, split /\s+/, `pgrep -P $pm`);
+	my $file = $node->basedir . "/fsync_trace." . time() . ".$$";
+	my ($out, $err) = ('', '');
+	my $h = IPC::Run::start(
+		[ 'strace', '-f', '-y', '-e', 'trace=pwrite64,fsync,fdatasync', '-o', $file, map { ('-p', $_) } @pids ],
+		'>', \$out, '2>', \$err);
+	# Attached to every process before anything else happens.
+	for (1 .. 500)
+	{
+		$h->pump_nb;
+		last if (() = $err =~ /Process \d+ attached/g) >= @pids;
+		usleep(10_000);
+	}
+	die "strace did not attach: $err" if (() = $err =~ /Process \d+ attached/g) < @pids;
+	return { harness => $h, file => $file };
+}
+
+sub stop_fsync_trace
+{
+	my ($trace) = @_;
+	$trace->{harness}->signal('INT');
+	$trace->{harness}->finish;
+}
+
+# Per WAL segment file, the writes not covered by a later successful
+# fsync/fdatasync of the same file, in trace order. Zeroes each segment from
+# the first such write to its end: the simulated power cut, cut where the
+# disk really stands. Returns how many bytes were zeroed and the lowest WAL
+# position zeroed (undef when nothing was).
+sub zero_unsynced_wal
+{
+	my ($node, $trace) = @_;
+	# segment => offsets of completed writes not yet covered by a sync;
+	# pid => the call it is in the middle of, and for a sync how many of its
+	# segment's writes had completed when it started (only those it covers).
+	my (%pending, %unfinished, %covers);
+	my $wal_call = qr/^(pwrite64|fsync|fdatasync)\(\d+<([^>]*\/pg_wal\/[0-9A-F]{24})>/;
+	open my $fh, '<', $trace->{file} or die "$trace->{file}: $!";
+	while (my $line = <$fh>)
+	{
+		chomp $line;
+		my ($pid, $rest) = $line =~ /^(\d+)\s+(.*)$/ or next;
+		if ($rest =~ /^(.*) <unfinished \.\.\.>$/)
+		{
+			$unfinished{$pid} = $1;
+			if (my ($call, $path) = $1 =~ $wal_call)
+			{
+				my $segment = (split m{/}, $path)[-1];
+				$covers{$pid} = scalar @{ $pending{$segment} // [] } if $call ne 'pwrite64';
+			}
+			next;
+		}
+		if ($rest =~ /^<\.\.\. \w+ resumed>(.*)$/)
+		{
+			$rest = ($unfinished{$pid} // '') . $1;
+			delete $unfinished{$pid};
+		}
+		my ($call, $path) = $rest =~ $wal_call or next;
+		my ($result) = $rest =~ /\)\s+=\s+(-?\d+)/;
+		my $covered = delete $covers{$pid};
+		next unless defined $result && $result >= 0;
+		my $segment = (split m{/}, $path)[-1];
+		if ($call eq 'pwrite64')
+		{
+			my ($offset) = $rest =~ /,\s*(\d+)\)\s+=/;
+			push @{ $pending{$segment} }, $offset;
+		}
+		else
+		{
+			splice @{ $pending{$segment} //= [] }, 0, $covered // scalar @{ $pending{$segment} };
+		}
+	}
+	close $fh;
+	my ($zeroed, $lowest) = (0, undef);
+	my $dir = $node->data_dir . '/pg_wal';
+	for my $segment (sort keys %pending)
+	{
+		next unless @{ $pending{$segment} };
+		my ($first) = sort { $a <=> $b } @{ $pending{$segment} };
+		my $size = -s "$dir/$segment" or next;
+		my ($log, $seg) = (hex(substr($segment, 8, 8)), hex(substr($segment, 16, 8)));
+		my $lsn = ($log * (2**32 / $size) + $seg) * $size + $first;
+		$lowest = $lsn if !defined $lowest || $lsn < $lowest;
+		open my $w, '+<:raw', "$dir/$segment" or die $!;
+		seek $w, $first, 0;
+		print $w "\0" x ($size - $first);
+		close $w;
+		$zeroed += $size - $first;
+	}
+	return ($zeroed, $lowest);
 }
 
 sub count_true { my $n = 0; $n += $_ for @_; return $n; }

@@ -22,6 +22,7 @@
 
 mod page;
 mod slots;
+mod standby;
 
 use crate::stats::{self, Counter};
 use page::Options;
@@ -133,6 +134,10 @@ fn claim_block(rel: pg_sys::Relation, options: &Options, slot: &mut slots::Slot)
         // SAFETY: record_end is the end of the WAL record just inserted.
         unsafe { pg_sys::XLogFlush(record_end) };
         stats::count(Counter::SequenceFlushes);
+        slot.confirm_lsn = record_end;
+    }
+    if !(written.needs_wal && !(permanent && written.new_in_transaction)) {
+        slot.confirm_lsn = 0;
     }
     slot.options = *options;
     slot.next = first;
@@ -156,21 +161,34 @@ fn cached_nextval(relid: pg_sys::Oid) -> i64 {
     let options = page::options(relid);
     // SAFETY: MyDatabaseId is set in a connected backend.
     let key = (unsafe { pg_sys::MyDatabaseId }.to_u32() as u64) << 32 | relid.to_u32() as u64;
-    let locked = slots::lock(key);
-    let slot = &mut *locked.slot;
-    let now = page::read(rel);
-    let usable =
-        slot.valid && !slot.exhausted && slot.options == options && now.is_called && slot.page.same_version(&now);
-    if !usable {
-        claim_block(rel, &options, slot);
-    }
-    let value = slot.next;
-    if value == slot.block_end {
-        slot.exhausted = true;
-    } else {
-        slot.next = value + options.increment;
-    }
-    drop(locked);
+    let value = loop {
+        let locked = slots::lock(key);
+        let slot = &mut *locked.slot;
+        let now = page::read(rel);
+        let usable =
+            slot.valid && !slot.exhausted && slot.options == options && now.is_called && slot.page.same_version(&now);
+        if !usable {
+            claim_block(rel, &options, slot);
+        }
+        if slot.confirm_lsn != 0 {
+            if !standby::confirmed(slot.confirm_lsn) {
+                // Wait without the slot's lock (other sessions wait for the
+                // same confirmation the same way), then look again.
+                let lsn = slot.confirm_lsn;
+                drop(locked);
+                standby::wait(lsn);
+                continue;
+            }
+            slot.confirm_lsn = 0;
+        }
+        let value = slot.next;
+        if value == slot.block_end {
+            slot.exhausted = true;
+        } else {
+            slot.next = value + options.increment;
+        }
+        break value;
+    };
     stats::count(Counter::SequenceValues);
     close_relation(rel);
     SESSION.with(|s| s.returned(relid.to_u32(), value));

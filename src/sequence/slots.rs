@@ -26,6 +26,10 @@ pub struct Slot {
     /// write to the sequence (nextval, setval, ALTER, a rolled-back new
     /// file) changes one of its fields: the block is then given up.
     pub page: SequencePage,
+    /// The end of the claim's WAL record, until a synchronous standby has
+    /// confirmed it (0 then, or when there is nothing to confirm): no value
+    /// of the block is handed out before.
+    pub confirm_lsn: u64,
 }
 
 #[derive(Clone, Copy)]
