@@ -31,11 +31,12 @@ for my $file ($agg->descriptions)
 	push @why, 'skips everything: ' . $parser->skip_all if $parser->skip_all;
 	push @why, "$skips test(s) skipped" if $skips && !$parser->skip_all;
 	push @why, 'exit status ' . $parser->exit if $parser->exit;
+	push @why, 'killed (wait status ' . $parser->wait . ')' if $parser->wait && !$parser->exit;
 	push @why, 'parse errors: ' . join('; ', $parser->parse_errors) if $parser->parse_errors;
 	next unless @why;
 	# A problem of the whole file is one more failure unless a failed test
 	# already accounts for it; skips are failures on CI unless allowed.
-	my $broken = ($parser->exit || $parser->parse_errors) && !$parser->failed;
+	my $broken = ($parser->exit || $parser->wait || $parser->parse_errors) && !$parser->failed;
 	my $skip_fails = $skips && $strict;
 	$failed++ if $broken || $skip_fails;
 	push @problems, "$file: " . join(', ', @why) . ($broken || $skip_fails ? ' (counted as failed)' : '');

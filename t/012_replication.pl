@@ -19,6 +19,9 @@ $primary->safe_psql('shop', 'CREATE TABLE t (id int)');
 $primary->backup('b');
 my $standby = PostgreSQL::Test::Cluster->new('standby');
 $standby->init_from_backup($primary, 'b', has_streaming => 1);
+# A killed WAL receiver then restarts recovery instead of stopping the server
+# (the failover test below kills it).
+$standby->append_conf('postgresql.conf', "restart_after_crash = on\n");
 $standby->start;
 $primary->wait_for_catchup($standby);
 # Synchronous only now: with no standby connected every durable commit waits.
@@ -53,27 +56,19 @@ $primary->safe_psql('postgres',
 $waiter->quit;
 $standby->safe_psql('postgres', 'SELECT pg_wal_replay_resume()');
 
-# cached_nextval() with a synchronous standby: a new block's recovery value
-# must be on the standby before any value of it is handed out, whatever the
-# policy (shop runs under forced): with the standby's WAL receiver stopped,
-# a call that needs a new block waits and, cancelled, hands out nothing.
-$primary->safe_psql('shop', 'CREATE SEQUENCE fo CACHE 1');
-my @handed = split /\n/, $primary->safe_psql('shop', "SELECT cached_nextval('fo') FROM generate_series(1, 20)");
-is(scalar @handed, 20, 'cached_nextval() with the synchronous standby connected');
-my $walreceiver = $standby->safe_psql('postgres', 'SELECT pid FROM pg_stat_wal_receiver');
-ok(kill('STOP', $walreceiver), "standby's WAL receiver stopped");
-($ret, $out, $err) = $primary->psql('shop', "SET statement_timeout = '2s';\nSELECT cached_nextval('fo');");
-isnt($ret, 0, 'without confirmation from the standby, cached_nextval() returns no value');
-like($err, qr/ERROR:  canceling cached_nextval\(\): the synchronous standby has not confirmed/, '... and says why');
-is($out, '', '... no value printed');
 # Commits PostgreSQL makes durable anyway (here: dropping a file) are
-# flushed locally but, delayed by the policy, do not wait for the standby
-# either; native synchronous_commit = off behaves the same.
-$primary->safe_psql('shop', 'CREATE TABLE drop_me (i int); CREATE TABLE drop_me_too (i int)');
+# flushed locally but, delayed by the policy, do not wait for a synchronous
+# standby; native synchronous_commit = off behaves the same. Shown with the
+# standby's WAL receiver stopped (a wait would last until the timeout).
+my $walreceiver = $standby->safe_psql('postgres', 'SELECT pid FROM pg_stat_wal_receiver');
+$primary->safe_psql('shop', 'CREATE TABLE drop_me (i int)');
+$primary->safe_psql('postgres', 'CREATE TABLE drop_me_too (i int)');
+ok(kill('STOP', $walreceiver), "standby's WAL receiver stopped");
 ($ret, $out, $err) = $primary->psql('shop', "SET statement_timeout = '5s';\nDROP TABLE drop_me;\nSELECT 'returned';");
 is($out, 'returned', 'forced: DROP TABLE (flushed by PostgreSQL) does not wait for the stopped standby');
-unlike($err, qr/canceling/, '... not even briefly');
-($ret, $out, $err) = $primary->psql('shop',
+unlike($err, qr/canceling/, '... no wait cancelled');
+# Native: the library's policy allowed, the session asynchronous.
+($ret, $out, $err) = $primary->psql('postgres',
 	"SET delayed_durability.mode = allowed;\nSET synchronous_commit = off;\nSET statement_timeout = '5s';\nDROP TABLE drop_me_too;\nSELECT 'returned';");
 is($out, 'returned', 'native synchronous_commit = off: DROP TABLE does not wait either');
 ok(kill('CONT', $walreceiver), "standby's WAL receiver resumed");
@@ -100,8 +95,28 @@ like($err, qr/cannot execute cached_nextval\(\) in a read-only transaction/, 'ca
 ok($standby->log_contains(qr/database system is ready to accept read-only connections/), 'standby started normally');
 unlike(slurp_file($standby->logfile), qr/PANIC|terminated by signal/, 'no crash on the standby');
 
-# Failover: the standby is promoted and the policy applies there.
+# cached_nextval() with a synchronous standby: a new block's recovery value
+# must be on the standby before any value of it is handed out, whatever the
+# policy (shop runs under forced). With the standby's WAL receiver stopped,
+# a call that needs a new block waits and, cancelled, hands out nothing; the
+# standby, promoted without ever receiving that block, continues above
+# every value the old primary handed out.
+$primary->safe_psql('shop', 'CREATE SEQUENCE fo CACHE 1');
+my @handed = split /\n/, $primary->safe_psql('shop', "SELECT cached_nextval('fo') FROM generate_series(1, 20)");
+is(scalar @handed, 20, 'cached_nextval() with the synchronous standby connected');
+$walreceiver = $standby->safe_psql('postgres', 'SELECT pid FROM pg_stat_wal_receiver');
+ok(kill('STOP', $walreceiver), "standby's WAL receiver stopped again");
+($ret, $out, $err) = $primary->psql('shop', "SET statement_timeout = '2s';\nSELECT cached_nextval('fo');");
+isnt($ret, 0, 'without confirmation from the standby, cached_nextval() returns no value');
+like($err, qr/ERROR:  canceling cached_nextval\(\): the synchronous standby has not confirmed/, '... and says why');
+push @handed, $out if $out =~ /^\d+$/;
+
+# Failover: the primary dies; the WAL receiver dies with what it had not
+# written (the standby restarts its recovery); the standby is promoted and
+# the policy applies there.
 $primary->stop('immediate');
+kill 'KILL', $walreceiver;
+$standby->poll_query_until('postgres', 'SELECT pg_is_in_recovery()') or die 'standby did not come back';
 $standby->promote;
 # Promotion requests a checkpoint whose WAL would race with the checks below.
 $standby->safe_psql('postgres', 'CHECKPOINT');

@@ -101,9 +101,10 @@ INSERT INTO wal_writer_kick SELECT generate_series(1, 400);
 	# It flushes up to the last completed page in that cycle.
 	for (1 .. 250)
 	{
-		last if $node->safe_psql($db, "SELECT pg_current_wal_flush_lsn() > '$before'") eq 't';
+		return if $node->safe_psql($db, "SELECT pg_current_wal_flush_lsn() > '$before'") eq 't';
 		usleep(20_000);
 	}
+	diag('settle_wal_writer: the WAL writer did not flush within 5 s');
 }
 
 # The simulated power cut, from PostgreSQL's own flush position (read right
@@ -129,20 +130,23 @@ sub start_fsync_trace
 {
 	my ($node) = @_;
 	my $pm = (split /\n/, slurp_file($node->data_dir . '/postmaster.pid'))[0];
-	my @pids = grep { /^\d+$/ } ($pm, split /\s+/, `pgrep -P $pm`);
+	my @pids = grep { /^\d+$/ && kill(0, $_) } ($pm, split /\s+/, `pgrep -P $pm`);
 	my $file = $node->basedir . "/fsync_trace." . time() . ".$$";
 	my ($out, $err) = ('', '');
 	my $h = IPC::Run::start(
 		[ 'strace', '-f', '-y', '-e', 'trace=pwrite64,fsync,fdatasync', '-o', $file, map { ('-p', $_) } @pids ],
 		'>', \$out, '2>', \$err);
-	# Attached to every process before anything else happens.
+	# Attached to every process still alive (a backend that was exiting
+	# may be gone: strace then says so) before anything else happens.
+	my $settled = sub { (() = $err =~ /Process \d+ attached|No such process/g) >= @pids };
 	for (1 .. 500)
 	{
 		$h->pump_nb;
-		last if (() = $err =~ /Process \d+ attached/g) >= @pids;
+		last if $settled->();
 		usleep(10_000);
 	}
-	die "strace did not attach: $err" if (() = $err =~ /Process \d+ attached/g) < @pids;
+	die "strace did not attach: $err" unless $settled->();
+	die "strace cannot trace the server here (ptrace not permitted): $err" if $err =~ /Operation not permitted/;
 	return { harness => $h, file => $file };
 }
 
@@ -161,10 +165,11 @@ sub stop_fsync_trace
 sub zero_unsynced_wal
 {
 	my ($node, $trace) = @_;
-	# segment => offsets of completed writes not yet covered by a sync;
-	# pid => the call it is in the middle of, and for a sync how many of its
-	# segment's writes had completed when it started (only those it covers).
-	my (%pending, %unfinished, %covers);
+	# segment => [offset, length] of completed writes not yet covered by a
+	# sync; segment => end of the furthest write a sync covered; pid => the
+	# call it is in the middle of, and for a sync how many of its segment's
+	# writes had completed when it started (only those it covers).
+	my (%pending, %synced_end, %unfinished, %covers);
 	my $wal_call = qr/^(pwrite64|fsync|fdatasync)\(\d+<([^>]*\/pg_wal\/[0-9A-F]{24})>/;
 	open my $fh, '<', $trace->{file} or die "$trace->{file}: $!";
 	while (my $line = <$fh>)
@@ -187,28 +192,47 @@ sub zero_unsynced_wal
 			delete $unfinished{$pid};
 		}
 		my ($call, $path) = $rest =~ $wal_call or next;
-		my ($result) = $rest =~ /\)\s+=\s+(-?\d+)/;
+		my ($result) = $rest =~ /\)\s+=\s+(-?\d+)(?:\s|$)/;
 		my $covered = delete $covers{$pid};
-		next unless defined $result && $result >= 0;
 		my $segment = (split m{/}, $path)[-1];
 		if ($call eq 'pwrite64')
 		{
-			my ($offset) = $rest =~ /,\s*(\d+)\)\s+=/;
-			push @{ $pending{$segment} }, $offset;
+			# A write cut off by the kill (no result) may have reached the
+			# page cache: count it as not synced.
+			my ($offset) = $rest =~ /,\s*(\d+)\s*(?:\)|$)/;
+			push @{ $pending{$segment} }, [ $offset, $result // 0 ] if defined $offset && (!defined $result || $result > 0);
 		}
-		else
+		elsif (defined $result && $result == 0)
 		{
-			splice @{ $pending{$segment} //= [] }, 0, $covered // scalar @{ $pending{$segment} };
+			my @done = splice @{ $pending{$segment} //= [] }, 0, $covered // scalar @{ $pending{$segment} };
+			for (@done)
+			{
+				my $end = $_->[0] + $_->[1];
+				$synced_end{$segment} = $end if $end > ($synced_end{$segment} // 0);
+			}
 		}
 	}
 	close $fh;
+	# Writes interrupted by the kill.
+	for my $rest (values %unfinished)
+	{
+		my ($call, $path) = $rest =~ $wal_call or next;
+		next unless $call eq 'pwrite64';
+		my ($offset) = $rest =~ /,\s*(\d+)\s*$/;
+		push @{ $pending{ (split m{/}, $path)[-1] } }, [ $offset, 0 ] if defined $offset;
+	}
 	my ($zeroed, $lowest) = (0, undef);
 	my $dir = $node->data_dir . '/pg_wal';
 	for my $segment (sort keys %pending)
 	{
 		next unless @{ $pending{$segment} };
-		my ($first) = sort { $a <=> $b } @{ $pending{$segment} };
+		my ($first) = sort { $a <=> $b } map { $_->[0] } @{ $pending{$segment} };
+		# A rewrite of a partly synced WAL page starts at the page, but its
+		# bytes up to what a sync already covered are the same ones: WAL
+		# bytes never change once written. Only what follows was never synced.
+		$first = $synced_end{$segment} if ($synced_end{$segment} // 0) > $first;
 		my $size = -s "$dir/$segment" or next;
+		next if $first >= $size;
 		my ($log, $seg) = (hex(substr($segment, 8, 8)), hex(substr($segment, 16, 8)));
 		my $lsn = ($log * (2**32 / $size) + $seg) * $size + $first;
 		$lowest = $lsn if !defined $lowest || $lsn < $lowest;

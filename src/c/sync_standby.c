@@ -52,14 +52,22 @@ dd_sync_standby_wait(XLogRecPtr lsn)
 		synchronous_commit = SYNCHRONOUS_COMMIT_REMOTE_FLUSH;
 		assign_synchronous_commit(synchronous_commit, NULL);
 	}
-	HOLD_INTERRUPTS();
-	SyncRepWaitForLSN(lsn, false);
-	RESUME_INTERRUPTS();
-	if (synchronous_commit != saved)
+	PG_TRY();
 	{
-		synchronous_commit = saved;
-		assign_synchronous_commit(saved, NULL);
+		HOLD_INTERRUPTS();
+		SyncRepWaitForLSN(lsn, false);
+		RESUME_INTERRUPTS();
 	}
+	PG_FINALLY();
+	{
+		/* The session's level, also when the wait raised an error. */
+		if (synchronous_commit != saved)
+		{
+			synchronous_commit = saved;
+			assign_synchronous_commit(saved, NULL);
+		}
+	}
+	PG_END_TRY();
 	/* A termination request ends the session here. */
 	CHECK_FOR_INTERRUPTS();
 	return dd_sync_standby_confirmed(lsn);

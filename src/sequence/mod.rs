@@ -134,11 +134,11 @@ fn claim_block(rel: pg_sys::Relation, options: &Options, slot: &mut slots::Slot)
         // SAFETY: record_end is the end of the WAL record just inserted.
         unsafe { pg_sys::XLogFlush(record_end) };
         stats::count(Counter::SequenceFlushes);
-        slot.confirm_lsn = record_end;
     }
-    if !(written.needs_wal && !(permanent && written.new_in_transaction)) {
-        slot.confirm_lsn = 0;
-    }
+    // What a synchronous standby must confirm before a value of the block
+    // is handed out (nothing without WAL, or in the creating transaction,
+    // whose commit waits for the standby itself).
+    slot.confirm_lsn = if written.needs_wal && !(permanent && written.new_in_transaction) { record_end } else { 0 };
     slot.options = *options;
     slot.next = first;
     slot.block_end = end;
@@ -161,12 +161,19 @@ fn cached_nextval(relid: pg_sys::Oid) -> i64 {
     let options = page::options(relid);
     // SAFETY: MyDatabaseId is set in a connected backend.
     let key = (unsafe { pg_sys::MyDatabaseId }.to_u32() as u64) << 32 | relid.to_u32() as u64;
+    // The block this call waited for: still in the slot after the wait, it
+    // is used even if the page changed meanwhile (a nextval() or setval()
+    // that came later is ordered after this call), so that a steady stream
+    // of native writes cannot make the call claim and wait forever.
+    let mut waited_for = None;
     let value = loop {
         let locked = slots::lock(key);
         let slot = &mut *locked.slot;
         let now = page::read(rel);
-        let usable =
-            slot.valid && !slot.exhausted && slot.options == options && now.is_called && slot.page.same_version(&now);
+        // A claim is known by the page LSN it wrote (the end of its record).
+        let ours = waited_for.is_some() && waited_for == Some(slot.page.page_lsn) && slot.valid && !slot.exhausted;
+        let usable = ours
+            || (slot.valid && !slot.exhausted && slot.options == options && now.is_called && slot.page.same_version(&now));
         if !usable {
             claim_block(rel, &options, slot);
         }
@@ -177,6 +184,7 @@ fn cached_nextval(relid: pg_sys::Oid) -> i64 {
                 let lsn = slot.confirm_lsn;
                 drop(locked);
                 standby::wait(lsn);
+                waited_for = Some(lsn);
                 continue;
             }
             slot.confirm_lsn = 0;
