@@ -27,6 +27,18 @@ build_and_install
 
 passed=0 failed=0 skipped=0
 work=$(postgres_workdir test)
+# Servers killed by the crash tests cannot remove their dynamic shared
+# memory segments: whatever appears in /dev/shm during the run and no
+# process maps any more is removed at the end.
+shm_before=$(ls /dev/shm 2>/dev/null | sort)
+clean_shm() {
+    local f
+    for f in $(comm -13 <(echo "$shm_before") <(ls /dev/shm 2>/dev/null | sort)); do
+        case "$f" in PostgreSQL.*|dd_*) ;; *) continue ;; esac
+        grep -qs "/dev/shm/$f" /proc/[0-9]*/maps || rm -f "/dev/shm/$f"
+    done
+}
+trap clean_shm EXIT
 cp -r "$REPO_ROOT/sql" "$REPO_ROOT/expected" "$REPO_ROOT/t" "$REPO_ROOT/pgbench" "$work/"
 chown -R postgres: "$work"
 
@@ -102,6 +114,11 @@ if [ $run_core = 1 ]; then
 fi
 
 echo
+# Logs are kept only when something failed; the last line is the summary.
+if [ "$failed" = 0 ]; then
+    rm -rf "$work"
+else
+    echo "(logs in $work)"
+fi
 echo "results: $passed passed, $failed failed, $skipped skipped"
-echo "(logs in $work)"
 [ "$failed" = 0 ]
