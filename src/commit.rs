@@ -205,15 +205,20 @@ fn commit_is_flushed(decision: &Decision, commit_prepared: bool) -> bool {
     }
     if !decision.delayed && !decision.had_xid {
         // SAFETY: XactLastCommitEnd is the end of the commit record
-        // RecordTransactionCommit just wrote; XLogFlush raises nothing
-        // short of a PANIC.
+        // RecordTransactionCommit just wrote, so the request is satisfiable;
+        // an I/O failure is a PANIC here, as in RecordTransactionCommit.
         unsafe { pg_sys::XLogFlush(pg_sys::XactLastCommitEnd) };
         return true;
     }
-    // Delayed, or a transaction that wrote no WAL but had an xid (only
-    // temporary or unlogged tables): PostgreSQL commits it asynchronously,
-    // nothing it did survives a crash anyway.
-    false
+    if decision.delayed {
+        return false;
+    }
+    // A transaction that had an xid but no WAL at pre-commit (only temporary
+    // or unlogged tables): PostgreSQL commits it asynchronously, nothing it
+    // did survives a crash anyway; unless on-commit actions wrote WAL after
+    // pre-commit, in which case it flushed. Ask the flush position.
+    // SAFETY: XactLastCommitEnd is the end of the commit record just written.
+    crate::flush::flush_end() >= unsafe { pg_sys::XactLastCommitEnd }
 }
 
 fn after_commit() {

@@ -31,7 +31,7 @@ fn insert_end() -> u64 {
     }
 }
 
-fn flush_end() -> u64 {
+pub(crate) fn flush_end() -> u64 {
     // SAFETY: reads the shared flush position under PostgreSQL's spinlock.
     unsafe {
         #[cfg(any(feature = "pg13", feature = "pg14"))]

@@ -30,8 +30,13 @@ dd_sync_standby_confirmed(XLogRecPtr lsn)
 		return true;
 	LWLockAcquire(SyncRepLock, LW_SHARED);
 #ifdef SYNC_STANDBY_DEFINED
-	/* minor releases since 2025 replaced the boolean with flags */
-	confirmed = !(WalSndCtl->sync_standbys_status & SYNC_STANDBY_DEFINED) ||
+	/*
+	 * Minor releases since 2025 replaced the boolean with flags. As in
+	 * SyncRepWaitForLSN: nothing to wait for once the checkpointer has
+	 * processed synchronous_standby_names and found none; before that, the
+	 * setting itself counts.
+	 */
+	confirmed = (WalSndCtl->sync_standbys_status & (SYNC_STANDBY_INIT | SYNC_STANDBY_DEFINED)) == SYNC_STANDBY_INIT ||
 		WalSndCtl->lsn[SYNC_REP_WAIT_FLUSH] >= lsn;
 #else
 	confirmed = !WalSndCtl->sync_standbys_defined ||
