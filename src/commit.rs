@@ -199,19 +199,22 @@ fn before_commit() {
 /// notification is delivered right after this callback, and a listener must
 /// not act on a transaction a crash could lose).
 fn commit_is_flushed(decision: &Decision, commit_prepared: bool) -> bool {
-    let flushed_by_core = commit_prepared || STATE.core_forces_sync.get() || commit_drops_relation_files();
-    if flushed_by_core || (!decision.delayed && decision.wrote_wal) {
+    // The common durable commit first: it costs no call.
+    if !decision.delayed && decision.wrote_wal {
         return true;
     }
-    if !decision.delayed && !decision.had_xid {
+    if commit_prepared || STATE.core_forces_sync.get() || commit_drops_relation_files() {
+        return true;
+    }
+    if decision.delayed {
+        return false;
+    }
+    if !decision.had_xid {
         // SAFETY: XactLastCommitEnd is the end of the commit record
         // RecordTransactionCommit just wrote, so the request is satisfiable;
         // an I/O failure is a PANIC here, as in RecordTransactionCommit.
         unsafe { pg_sys::XLogFlush(pg_sys::XactLastCommitEnd) };
         return true;
-    }
-    if decision.delayed {
-        return false;
     }
     // A transaction that had an xid but no WAL at pre-commit (only temporary
     // or unlogged tables): PostgreSQL commits it asynchronously, nothing it
