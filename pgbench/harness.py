@@ -12,6 +12,11 @@ import time
 
 PGBIN = "/usr/lib/postgresql/15/bin"
 
+
+class Unavailable(Exception):
+    """An experiment whose feature is not in this build (run.py skips it)."""
+
+
 BASE_CONF = """
 listen_addresses = ''
 fsync = on

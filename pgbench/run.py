@@ -19,7 +19,8 @@ import threading
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from harness import Cluster, Progress, measure, as_postgres, wal_sync_total  # noqa: E402
+from harness import Cluster, Progress, Unavailable, measure, as_postgres, wal_sync_total  # noqa: E402
+from exp_loss_budget import exp7_loss_budget  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 SETUP_SQL = open(os.path.join(HERE, "setup.sql")).read()
@@ -27,15 +28,13 @@ SETUP_SQL = open(os.path.join(HERE, "setup.sql")).read()
 SCALES = {
     # rows for exp 1, rows for exp 2, values for exp 3, (clients, iterations,
     # rows per iteration) for exp 4, pgbench seconds for exps 3 and 5, rounds
-    # of exp 5's interleaved loop runs, rows for exp 6
-    "tiny": dict(e1=300, e2=1000, e3=1000, e4=(5, 4, 20), e5=2, e5_rounds=1, e6=2000),
-    "quick": dict(e1=100000, e2=200000, e3=200000, e4=(5, 100, 100), e5=5, e5_rounds=3, e6=300000),
-    "full": dict(e1=100000, e2=1000000, e3=1000000, e4=(5, 200, 100), e5=30, e5_rounds=3, e6=3000000),
+    # of exp 5's interleaved loop runs, rows for exp 6, (rounds, seconds of
+    # the server loop, pgbench seconds) per variant and round for exp 7
+    "tiny": dict(e1=300, e2=1000, e3=1000, e4=(5, 4, 20), e5=2, e5_rounds=1, e6=2000, e7=(1, 0.2, 1)),
+    "quick": dict(e1=100000, e2=200000, e3=200000, e4=(5, 100, 100), e5=5, e5_rounds=3, e6=300000, e7=(6, 1, 1)),
+    "full": dict(e1=100000, e2=1000000, e3=1000000, e4=(5, 200, 100), e5=30, e5_rounds=3, e6=3000000,
+                 e7=(15, 5, 10)),
 }
-
-
-class Unavailable(Exception):
-    """An experiment whose feature is not in this build."""
 
 
 def has_function(cluster, name):
@@ -395,6 +394,7 @@ def exp6_segments(c, scale, log):
 EXPERIMENTS = [
     ("1", exp1_loop), ("2", exp2_small_big), ("3", exp3_sequences),
     ("4", exp4_concurrent), ("5", exp5_pmem), ("6", exp6_segments),
+    ("7", exp7_loss_budget),
 ]
 
 
@@ -414,6 +414,8 @@ def draw_chart(result, path):
     except ImportError:
         return False
     kind, key = result["chart"]
+    if kind == "module":  # an experiment module that draws its own chart
+        return __import__(key).draw_chart(result, path)
     if kind == "lines":
         fig, ax = plt.subplots(figsize=(9, 4.5))
         for label, pts in key.items():

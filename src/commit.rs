@@ -37,6 +37,9 @@ struct Decision {
     /// It had written WAL by pre-commit: RecordTransactionCommit flushes
     /// (at a level above off) only when it did.
     wrote_wal: bool,
+    /// XactLastRecEnd at pre-commit: for COMMIT PREPARED, the end of the
+    /// prepared transaction's commit record.
+    last_rec_end: u64,
     ignored_request: bool,
 }
 
@@ -178,6 +181,8 @@ fn before_commit() {
         Mode::Forced => true,
     };
     let delayed = wanted_delayed && !STATE.durable_required.get();
+    // SAFETY: backend-local; the end of this transaction's last WAL record, 0 if none.
+    let last_rec_end = unsafe { pg_sys::XactLastRecEnd };
     if delayed && !sync_off {
         change_commit_level(OFF);
     } else if !delayed && sync_off {
@@ -187,8 +192,8 @@ fn before_commit() {
         wanted_delayed,
         delayed,
         had_xid: transaction_has_xid(),
-        // SAFETY: backend-local; the end of this transaction's last WAL record, 0 if none.
-        wrote_wal: unsafe { pg_sys::XactLastRecEnd } != 0,
+        wrote_wal: last_rec_end != 0,
+        last_rec_end,
         ignored_request: requested && mode == Mode::Disabled,
     }));
 }
@@ -230,11 +235,24 @@ fn after_commit() {
         // A commit record was written: the transaction had an xid by the
         // time it committed, or it committed a prepared transaction.
         if commit_prepared || transaction_has_xid() {
+            let commit_end = if commit_prepared {
+                decision.last_rec_end
+            } else {
+                // SAFETY: the end of the commit record RecordTransactionCommit just wrote.
+                unsafe { pg_sys::XactLastCommitEnd }
+            };
             let flushed = commit_is_flushed(&decision, commit_prepared);
-            stats::count(if flushed { Counter::CommitsDurable } else { Counter::CommitsDelayed });
+            // The loss budget and the record of acknowledgements apply to
+            // the commits the policy delayed.
+            let budget_flushed = !flushed && decision.delayed && crate::loss::acknowledge(commit_end);
+            stats::count(if flushed || budget_flushed { Counter::CommitsDurable } else { Counter::CommitsDelayed });
             if flushed && decision.wanted_delayed {
                 stats::count(Counter::CommitsForcedDurable);
             }
+            if budget_flushed {
+                stats::count(Counter::CommitsBudgetFlushed);
+            }
+            crate::receipts::remember_commit(commit_end);
         }
         if decision.ignored_request {
             stats::count(Counter::DelayedRequestsIgnored);

@@ -17,7 +17,7 @@ const LONG_PAGE_HEADER: u64 = maxalign(std::mem::size_of::<pg_sys::XLogLongPageH
 /// segment boundary (e.g. right after pg_switch_wal()). Flushing that position
 /// asks for bytes nobody wrote ("xlog flush request ... is not satisfied"),
 /// so step back to the boundary, as XLogBytePosToEndRecPtr does.
-fn insert_end() -> u64 {
+pub(crate) fn insert_end() -> u64 {
     // SAFETY: reads shared WAL insert state under PostgreSQL's own spinlock.
     let pos = unsafe { pg_sys::GetXLogInsertRecPtr() };
     // SAFETY: wal_segment_size is set at startup and never changes.
@@ -41,7 +41,7 @@ pub(crate) fn flush_end() -> u64 {
     }
 }
 
-fn in_recovery() -> bool {
+pub(crate) fn in_recovery() -> bool {
     // SAFETY: reads shared recovery state.
     unsafe { pg_sys::RecoveryInProgress() }
 }

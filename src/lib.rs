@@ -10,7 +10,9 @@ mod commit;
 mod errors;
 mod flush;
 mod guc;
+mod loss;
 mod preload;
+mod receipts;
 mod sequence;
 mod shmem;
 mod stats;
@@ -33,6 +35,7 @@ pub extern "C-unwind" fn _PG_init() {
     guc::define();
     sequence::define_gucs();
     walbuf::define_gucs();
+    loss::define_gucs();
     guc::reserve_prefix();
     shmem::register(shmem::Region { request: stats::request_shared_memory, attach: stats::attach_shared_memory });
     shmem::register(shmem::Region {
@@ -40,7 +43,10 @@ pub extern "C-unwind" fn _PG_init() {
         attach: sequence::attach_shared_memory,
     });
     shmem::register(shmem::Region { request: walbuf::request_shared_memory, attach: walbuf::attach_shared_memory });
+    // After the WAL buffer: its restore runs before the ring is compared.
+    shmem::register(shmem::Region { request: loss::request_shared_memory, attach: loss::attach_shared_memory });
     shmem::install_hooks();
+    loss::register_worker();
     sequence::register_invalidation_callback();
     commit::install_hooks();
     preload::mark_preloaded();
@@ -57,6 +63,7 @@ CREATE VIEW delayed_durability_stats AS
            coalesce(s.commits_delayed, 0) AS commits_delayed,
            coalesce(s.delayed_requests_ignored, 0) AS delayed_requests_ignored,
            coalesce(s.commits_forced_durable, 0) AS commits_forced_durable,
+           coalesce(s.commits_budget_flushed, 0) AS commits_budget_flushed,
            coalesce(s.flush_log_calls, 0) AS flush_log_calls,
            coalesce(s.sequence_values, 0) AS sequence_values,
            coalesce(s.sequence_recovery_writes, 0) AS sequence_recovery_writes,
@@ -76,7 +83,8 @@ CREATE FUNCTION delayed_durability_status(
     OUT wal_buffer_bytes_persisted bigint,
     OUT wal_buffer_fsyncs_avoided bigint,
     OUT wal_buffer_drains bigint,
-    OUT wal_buffer_restored_bytes bigint)
+    OUT wal_buffer_restored_bytes bigint,
+    OUT oldest_unflushed_commit_age interval)
 RETURNS record
 LANGUAGE sql VOLATILE PARALLEL SAFE
 AS $$
@@ -84,12 +92,37 @@ AS $$
            '0/0'::pg_lsn + p.flush_end::numeric,
            greatest(p.insert_end - p.flush_end, 0),
            (SELECT w.wal_sync FROM pg_catalog.pg_stat_wal AS w),
-           b.is_pmem, b.bytes_persisted, b.fsyncs_avoided, b.drains, b.restored_bytes
+           b.is_pmem, b.bytes_persisted, b.fsyncs_avoided, b.drains, b.restored_bytes,
+           delayed_durability_oldest_unflushed_commit_age()
       FROM delayed_durability_wal_positions() AS p,
            delayed_durability_wal_buffer_state() AS b
 $$;
 
 REVOKE ALL ON FUNCTION delayed_durability_stats_reset() FROM PUBLIC;
+
+-- The crash report: readable by superusers and the roles granted SELECT on
+-- the views (the functions under them check that privilege).
+CREATE VIEW delayed_durability_crashes AS
+    SELECT c.crash_recovered_at,
+           '0/0'::pg_lsn + c.recovered_end::numeric AS recovered_end_lsn,
+           c.lost_commits,
+           c.summarized_commits,
+           c.exact,
+           c.detail
+      FROM delayed_durability_crash_rows() AS c;
+
+CREATE VIEW delayed_durability_lost_commits AS
+    SELECT l.xid::text::xid8 AS xid,
+           l.datid,
+           d.datname,
+           '0/0'::pg_lsn + l.commit_end::numeric AS commit_lsn,
+           l.acknowledged_at,
+           l.crash_recovered_at
+      FROM delayed_durability_lost_commit_rows() AS l
+      LEFT JOIN pg_catalog.pg_database AS d ON d.oid = l.datid;
+
+REVOKE ALL ON delayed_durability_crashes, delayed_durability_lost_commits FROM PUBLIC;
+REVOKE ALL ON FUNCTION delayed_durability_lost_commits_reset() FROM PUBLIC;
 "#,
     name = "views_and_wrappers",
     finalize,

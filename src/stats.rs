@@ -22,8 +22,9 @@ pub enum Counter {
     SequenceValues,
     SequenceRecoveryWrites,
     SequenceFlushes,
+    CommitsBudgetFlushed,
 }
-const COUNTERS: usize = Counter::SequenceFlushes as usize + 1;
+const COUNTERS: usize = Counter::CommitsBudgetFlushed as usize + 1;
 
 #[repr(C)]
 struct DatabaseSlot {
@@ -129,6 +130,7 @@ fn delayed_durability_stats_per_database() -> TableIterator<
         name!(sequence_values, i64),
         name!(sequence_recovery_writes, i64),
         name!(sequence_flushes, i64),
+        name!(commits_budget_flushed, i64),
         name!(stats_reset, Option<TimestampWithTimeZone>),
     ),
 > {
@@ -150,6 +152,7 @@ fn delayed_durability_stats_per_database() -> TableIterator<
                         c(Counter::SequenceValues),
                         c(Counter::SequenceRecoveryWrites),
                         c(Counter::SequenceFlushes),
+                        c(Counter::CommitsBudgetFlushed),
                         TimestampWithTimeZone::try_from(slot.stats_reset.load(Ordering::Relaxed))
                             .ok(),
                     )

@@ -16,7 +16,7 @@
 mod file;
 mod format;
 mod interpose;
-mod pmem;
+pub(crate) mod pmem;
 mod restore;
 mod ring;
 mod segment;

@@ -1,0 +1,171 @@
+//! Bounded and known loss: the loss budget checked at every delayed commit,
+//! the record of acknowledged delayed commits (`ring`), and the report of
+//! the ones a crash lost (`report`).
+//!
+//! A commit the policy delayed reaches `acknowledge()` after its commit
+//! record is written and before its client hears of it. It returns without
+//! waiting only if the WAL not yet flushed, up to its own commit record, is
+//! within `max_loss_bytes`, and the oldest acknowledged commit not yet
+//! flushed is younger than `max_loss_time`; otherwise it flushes up to its
+//! own commit record. Since the flush position only moves forward, every
+//! commit a crash can lose then lies within `max_loss_bytes` of WAL after
+//! the flushed position, and all of them were acknowledged within one
+//! `max_loss_time` window.
+
+mod report;
+mod ring;
+
+use crate::flush::flush_end;
+use pgrx::guc::{GucContext, GucFlags, GucRegistry, GucSetting};
+use pgrx::pg_sys;
+use pgrx::prelude::*;
+use ring::{Acked, Ring};
+use std::cell::Cell;
+
+/// In bytes; 0 = no byte budget.
+pub static MAX_LOSS_BYTES: GucSetting<i32> = GucSetting::<i32>::new(0);
+/// In milliseconds; 0 = no time budget.
+pub static MAX_LOSS_TIME: GucSetting<i32> = GucSetting::<i32>::new(0);
+pub static TRACK_LOST_COMMITS: GucSetting<bool> = GucSetting::<bool>::new(true);
+/// Entries of the ring.
+pub static LOST_COMMITS_RING_SIZE: GucSetting<i32> = GucSetting::<i32>::new(16384);
+
+pub fn define_gucs() {
+    GucRegistry::define_int_guc(
+        c"delayed_durability.max_loss_bytes",
+        c"Most WAL a crash may lose from acknowledged delayed commits; 0 = no byte budget.",
+        c"A delayed commit that would leave more WAL than this unflushed, counting its own \
+commit record, flushes up to its commit record before it returns.",
+        &MAX_LOSS_BYTES,
+        0,
+        i32::MAX,
+        GucContext::Suset,
+        GucFlags::UNIT_BYTE,
+    );
+    GucRegistry::define_int_guc(
+        c"delayed_durability.max_loss_time",
+        c"Oldest age of an acknowledged delayed commit whose WAL is not flushed; 0 = no time budget.",
+        c"A delayed commit made when the oldest unflushed acknowledged commit is this old flushes \
+up to its own commit record before it returns.",
+        &MAX_LOSS_TIME,
+        0,
+        i32::MAX,
+        GucContext::Suset,
+        GucFlags::UNIT_MS,
+    );
+    GucRegistry::define_bool_guc(
+        c"delayed_durability.track_lost_commits",
+        c"Records acknowledged delayed commits so that a crash can report which ones it lost.",
+        c"Off: the crash report says it cannot know.",
+        &TRACK_LOST_COMMITS,
+        GucContext::Sighup,
+        GucFlags::default(),
+    );
+    GucRegistry::define_int_guc(
+        c"delayed_durability.lost_commits_ring_size",
+        c"Acknowledged delayed commits the crash record holds before it summarizes the oldest.",
+        c"64 bytes each, in a file under the data directory. Choose at least the delayed commits \
+of a few wal_writer_delay periods at peak.",
+        &LOST_COMMITS_RING_SIZE,
+        64,
+        1 << 24,
+        GucContext::Postmaster,
+        GucFlags::default(),
+    );
+}
+
+struct Global {
+    ring: Cell<Option<Ring>>,
+}
+// SAFETY: set in the postmaster before forking; each process has one thread.
+unsafe impl Sync for Global {}
+static GLOBAL: Global = Global { ring: Cell::new(None) };
+
+fn ring() -> Option<Ring> {
+    GLOBAL.ring.get()
+}
+
+/// Shared-memory startup, in every process that attaches. The ring is a
+/// file mapping the postmaster makes and its children inherit.
+pub fn attach_shared_memory() {
+    // SAFETY: reading postmaster-set globals.
+    let in_postmaster = unsafe { pg_sys::IsPostmasterEnvironment && !pg_sys::IsUnderPostmaster };
+    if in_postmaster {
+        GLOBAL.ring.set(report::open_ring_after_startup_or_crash(ring()));
+    }
+}
+
+/// The ring is a file mapping, not PostgreSQL shared memory.
+pub fn request_shared_memory() {}
+
+pub fn register_worker() {
+    report::register_worker();
+}
+
+fn now() -> i64 {
+    // SAFETY: reads the clock.
+    unsafe { pg_sys::GetCurrentTimestamp() }
+}
+
+/// For a commit the policy delayed, after its commit record was written
+/// and before the client hears of it: applies the loss budget and records
+/// the acknowledgement. Returns true when the budget made it flush.
+/// Raises nothing but an XLogFlush I/O failure (a PANIC there, as in
+/// RecordTransactionCommit).
+pub fn acknowledge(commit_end: u64) -> bool {
+    let max_bytes = MAX_LOSS_BYTES.get() as u64;
+    let max_time_us = MAX_LOSS_TIME.get() as i64 * 1000;
+    let ring = ring();
+    let record = ring.is_some() && (TRACK_LOST_COMMITS.get() || max_time_us > 0);
+    if max_bytes == 0 && max_time_us == 0 && !record {
+        if let Some(r) = ring {
+            r.mark_incomplete();
+        }
+        return false;
+    }
+    let flushed = flush_end();
+    if commit_end <= flushed {
+        return false; // someone flushed it already: nothing to lose
+    }
+    let now = now();
+    let over_bytes = max_bytes > 0 && commit_end - flushed > max_bytes;
+    let over_time = !over_bytes
+        && max_time_us > 0
+        && match ring {
+            Some(r) => r.oldest_unflushed(flushed, now).is_some_and(|t| now - t >= max_time_us),
+            // No record of acknowledgements (the ring could not be opened):
+            // the age is unknown, so the budget can only be kept by flushing.
+            None => true,
+        };
+    if over_bytes || over_time {
+        // SAFETY: commit_end is the end of the commit record just written.
+        unsafe { pg_sys::XLogFlush(commit_end) };
+        return true;
+    }
+    if let Some(r) = ring {
+        if record {
+            // SAFETY: backend-local transaction state, valid until the end
+            // of the commit callbacks; MyDatabaseId is set once connected.
+            let (fxid, datid) =
+                unsafe { (pg_sys::GetTopFullTransactionIdIfAny().value, pg_sys::MyDatabaseId.to_u32()) };
+            r.record(Acked { commit_end, ack_time: now, fxid, datid }, flush_end);
+        } else {
+            r.mark_incomplete();
+        }
+    }
+    false
+}
+
+/// How long ago the oldest acknowledged delayed commit whose WAL is not yet
+/// flushed was acknowledged; NULL when there is none (or nothing records
+/// acknowledgements: track_lost_commits and max_loss_time both off).
+#[pg_extern(volatile, parallel_safe)]
+fn delayed_durability_oldest_unflushed_commit_age() -> Option<Interval> {
+    crate::preload::require_preloaded();
+    if crate::flush::in_recovery() {
+        return None;
+    }
+    let now = now();
+    let oldest = ring()?.oldest_unflushed(flush_end(), now)?;
+    Some(Interval::from_micros((now - oldest).max(0)))
+}

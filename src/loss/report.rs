@@ -1,0 +1,521 @@
+//! The report of acknowledged delayed commits lost in a crash.
+//!
+//! Files under `delayed_durability/` in the data directory:
+//! - `commits`: the ring (ring.rs), mapped by the postmaster.
+//! - `pending`: what the ring held when a crash was found, written by the
+//!   postmaster before the startup process replays WAL.
+//! - `lost`: the report, appended once recovery finished: every pending
+//!   commit whose commit record ends past the end of the recovered WAL was
+//!   lost. Kept until delayed_durability_lost_commits_reset().
+//!
+//! The comparison runs in a background worker started when recovery
+//! finishes (at every start, and after every crash restart); it then sleeps
+//! until shutdown, so that the postmaster starts it again after a crash.
+
+use super::ring::{self, Acked, Ring, Snapshot, Summary};
+use super::LOST_COMMITS_RING_SIZE;
+use crate::walbuf::pmem;
+use pgrx::bgworkers::{BackgroundWorker, BackgroundWorkerBuilder, BgWorkerStartTime, SignalWakeFlags};
+use pgrx::pg_sys;
+use pgrx::prelude::*;
+use std::ffi::CString;
+use std::fmt::Write as _;
+use std::io::Write as _;
+use std::path::Path;
+
+const DIR: &str = "delayed_durability";
+const RING_FILE: &str = "delayed_durability/commits";
+const PENDING_FILE: &str = "delayed_durability/pending";
+const REPORT_FILE: &str = "delayed_durability/lost";
+
+/// How exact the comparison after a crash can be.
+#[derive(Clone, Copy, PartialEq, Debug)]
+enum Status {
+    Exact,
+    /// The machine restarted and the ring was not on persistent memory.
+    UnknownRestart,
+    /// Some delayed commits were acknowledged while track_lost_commits was off.
+    UnknownIncomplete,
+    /// Another crash came before this one's record was compared.
+    UnknownSecondCrash,
+}
+
+impl Status {
+    fn name(self) -> &'static str {
+        match self {
+            Status::Exact => "exact",
+            Status::UnknownRestart => "unknown-restart",
+            Status::UnknownIncomplete => "unknown-incomplete",
+            Status::UnknownSecondCrash => "unknown-second-crash",
+        }
+    }
+
+    fn parse(s: &str) -> Status {
+        match s {
+            "exact" => Status::Exact,
+            "unknown-restart" => Status::UnknownRestart,
+            "unknown-incomplete" => Status::UnknownIncomplete,
+            _ => Status::UnknownSecondCrash,
+        }
+    }
+
+    fn why_unknown(self) -> &'static str {
+        match self {
+            Status::Exact => "",
+            Status::UnknownRestart => {
+                "the record of acknowledged commits did not survive the operating-system restart \
+(it is not on persistent memory)"
+            }
+            Status::UnknownIncomplete => {
+                "delayed commits were acknowledged while delayed_durability.track_lost_commits was off"
+            }
+            Status::UnknownSecondCrash => "another crash came before the record of this one was compared",
+        }
+    }
+}
+
+pub fn register_worker() {
+    BackgroundWorkerBuilder::new("delayed_durability crash report")
+        .set_type("delayed_durability crash report")
+        .set_library("delayed_durability")
+        .set_function("delayed_durability_report_main")
+        .enable_shmem_access(None)
+        .set_start_time(BgWorkerStartTime::RecoveryFinished)
+        .set_restart_time(Some(std::time::Duration::from_secs(10)))
+        .load();
+}
+
+// ---------------------------------------------------------------- postmaster
+
+struct Control {
+    system_id: u64,
+    clean_shutdown: bool,
+}
+
+fn read_control_file() -> Result<Control, String> {
+    use pg_sys::ControlFileData;
+    let bytes = std::fs::read("global/pg_control").map_err(|e| format!("could not read \"global/pg_control\": {e}"))?;
+    let state_at = std::mem::offset_of!(ControlFileData, state);
+    if bytes.len() < state_at + 4 {
+        return Err("\"global/pg_control\" is too short".into());
+    }
+    let state = u32::from_ne_bytes(bytes[state_at..state_at + 4].try_into().unwrap());
+    Ok(Control {
+        system_id: u64::from_ne_bytes(bytes[0..8].try_into().unwrap()),
+        clean_shutdown: state == pg_sys::DBState::DB_SHUTDOWNED || state == pg_sys::DBState::DB_SHUTDOWNED_IN_RECOVERY,
+    })
+}
+
+fn current_boot_id() -> [u8; ring::BOOT_ID_LEN] {
+    let mut id = [0u8; ring::BOOT_ID_LEN];
+    if let Ok(text) = std::fs::read_to_string("/proc/sys/kernel/random/boot_id") {
+        let text = text.trim().as_bytes();
+        let n = text.len().min(id.len());
+        id[..n].copy_from_slice(&text[..n]);
+    }
+    id
+}
+
+fn sync_dir() -> std::io::Result<()> {
+    std::fs::File::open(DIR)?.sync_all()
+}
+
+/// In the postmaster, at first start and after every crash of a child:
+/// keeps what the ring says about a crash in `pending`, then starts a fresh
+/// ring. Returns None (and warns) when the ring cannot be opened; the
+/// server then runs without the record.
+pub fn open_ring_after_startup_or_crash(current: Option<Ring>) -> Option<Ring> {
+    match open(current) {
+        Ok(ring) => Some(ring),
+        Err(e) => {
+            pgrx::warning!("delayed_durability: no record of acknowledged delayed commits: {e}");
+            None
+        }
+    }
+}
+
+fn open(current: Option<Ring>) -> Result<Ring, String> {
+    std::fs::create_dir_all(DIR).map_err(|e| format!("could not create directory \"{DIR}\": {e}"))?;
+    let control = read_control_file()?;
+    let boot_id = current_boot_id();
+    let capacity = LOST_COMMITS_RING_SIZE.get() as u32;
+    let path = CString::new(RING_FILE).unwrap();
+    let crash_restart = current.is_some();
+    let previous = match current {
+        Some(ring) => Some(ring),
+        None if Path::new(RING_FILE).exists() => {
+            let map = pmem::map(&path, None).map_err(|e| format!("could not map \"{RING_FILE}\": {e}"))?;
+            let ring = Ring::new(map);
+            if ring.is_none() {
+                pgrx::warning!("delayed_durability: \"{RING_FILE}\" is not a record of acknowledged commits; it is replaced");
+                map.unmap();
+            }
+            ring
+        }
+        None => None,
+    };
+    if let Some(prev) = previous {
+        if crash_restart || !control.clean_shutdown {
+            note_crash(&prev, &control, &boot_id, crash_restart)?;
+        }
+    }
+    let map = match previous {
+        Some(prev) if prev.capacity() == capacity => prev.mapping(),
+        other => {
+            if let Some(prev) = other {
+                prev.mapping().unmap();
+            }
+            pmem::map(&path, Some(ring::file_len(capacity))).map_err(|e| format!("could not map \"{RING_FILE}\": {e}"))?
+        }
+    };
+    Ring::format(map, capacity, control.system_id, boot_id).map_err(|e| format!("could not write \"{RING_FILE}\": {e}"))
+}
+
+fn note_crash(prev: &Ring, control: &Control, boot_id: &[u8; ring::BOOT_ID_LEN], crash_restart: bool) -> Result<(), String> {
+    if prev.system_id() != control.system_id {
+        pgrx::log!("delayed_durability: \"{RING_FILE}\" belongs to another cluster; not compared");
+        return Ok(());
+    }
+    if ["backup_label", "standby.signal", "recovery.signal"].iter().any(|f| Path::new(f).exists()) {
+        pgrx::log!(
+            "delayed_durability: the server starts from a backup or in recovery mode; its record of acknowledged delayed commits is not compared"
+        );
+        return Ok(());
+    }
+    let snapshot = prev.snapshot();
+    let status = if !crash_restart && snapshot.boot_id != *boot_id && !snapshot.persistent {
+        Status::UnknownRestart
+    } else if snapshot.incomplete {
+        Status::UnknownIncomplete
+    } else {
+        Status::Exact
+    };
+    write_pending(&snapshot, status).map_err(|e| format!("could not write \"{PENDING_FILE}\": {e}"))
+}
+
+fn write_pending(snapshot: &Snapshot, status: Status) -> std::io::Result<()> {
+    // A block still pending was never compared, and the WAL written since
+    // reuses the positions past its end: it can no longer be exact.
+    let mut text = String::new();
+    if let Ok(old) = std::fs::read_to_string(PENDING_FILE) {
+        for line in old.lines() {
+            let mut fields: Vec<&str> = line.split('\t').collect();
+            if fields.first() == Some(&"crash") && fields.len() > 2 && fields[2] == Status::Exact.name() {
+                fields[2] = Status::UnknownSecondCrash.name();
+            }
+            let _ = writeln!(text, "{}", fields.join("\t"));
+        }
+    }
+    // SAFETY: reads the clock.
+    let id = unsafe { pg_sys::GetCurrentTimestamp() };
+    let s = snapshot.summary;
+    let _ = writeln!(
+        text,
+        "crash\t{id}\t{}\t{}\t{}\t{}\t{}\t{}",
+        status.name(),
+        s.count,
+        s.min_end,
+        s.max_end,
+        s.min_time,
+        s.max_time
+    );
+    for a in &snapshot.entries {
+        let _ = writeln!(text, "ack\t{}\t{}\t{}\t{}", a.fxid, a.datid, a.commit_end, a.ack_time);
+    }
+    let tmp = format!("{PENDING_FILE}.tmp");
+    let mut f = std::fs::File::create(&tmp)?;
+    f.write_all(text.as_bytes())?;
+    f.sync_all()?;
+    std::fs::rename(&tmp, PENDING_FILE)?;
+    sync_dir()
+}
+
+// -------------------------------------------------------------------- worker
+
+struct PendingCrash {
+    id: i64,
+    status: Status,
+    summary: Summary,
+    entries: Vec<Acked>,
+}
+
+fn parse_pending(text: &str) -> Vec<PendingCrash> {
+    let mut crashes: Vec<PendingCrash> = Vec::new();
+    for line in text.lines() {
+        let f: Vec<&str> = line.split('\t').collect();
+        let n = |i: usize| f.get(i).and_then(|v| v.parse::<i64>().ok()).unwrap_or(0);
+        match f.first() {
+            Some(&"crash") if f.len() >= 8 => crashes.push(PendingCrash {
+                id: n(1),
+                status: Status::parse(f[2]),
+                summary: Summary {
+                    count: n(3) as u64,
+                    min_end: n(4) as u64,
+                    max_end: n(5) as u64,
+                    min_time: n(6),
+                    max_time: n(7),
+                },
+                entries: Vec::new(),
+            }),
+            Some(&"ack") if f.len() >= 5 => {
+                if let Some(c) = crashes.last_mut() {
+                    c.entries.push(Acked { fxid: n(1) as u64, datid: n(2) as u32, commit_end: n(3) as u64, ack_time: n(4) });
+                }
+            }
+            _ => {}
+        }
+    }
+    crashes
+}
+
+fn lsn(l: u64) -> String {
+    format!("{:X}/{:X}", l >> 32, l as u32)
+}
+
+fn time_text(t: i64) -> String {
+    // SAFETY: formats a timestamp into a static buffer; copied at once.
+    unsafe { std::ffi::CStr::from_ptr(pg_sys::timestamptz_to_str(t)) }.to_string_lossy().into_owned()
+}
+
+/// Compares every pending crash with the end of the recovered WAL and
+/// appends the outcome to the report.
+fn compare_pending() -> std::io::Result<()> {
+    let Ok(text) = std::fs::read_to_string(PENDING_FILE) else { return Ok(()) };
+    // SAFETY: reads shared recovery state; after crash recovery it is the
+    // end of the last record replayed, i.e. of the recovered WAL.
+    let recovered_end = unsafe { pg_sys::GetXLogReplayRecPtr(std::ptr::null_mut()) };
+    // SAFETY: reads the clock.
+    let recovered_at = unsafe { pg_sys::GetCurrentTimestamp() };
+    let reported: Vec<i64> = read_report().crashes.iter().map(|c| c.id).collect();
+    let mut out = String::new();
+    for crash in parse_pending(&text).into_iter().filter(|c| !reported.contains(&c.id)) {
+        let mut lost: Vec<&Acked> = crash.entries.iter().filter(|a| a.commit_end > recovered_end).collect();
+        lost.sort_by_key(|a| a.commit_end);
+        let s = crash.summary;
+        let summarized_may_be_lost = if s.count > 0 && s.max_end > recovered_end { s.count } else { 0 };
+        let mut status = crash.status;
+        let mut why = status.why_unknown().to_string();
+        if recovered_end == 0 {
+            status = Status::UnknownSecondCrash;
+            why = "the end of the recovered WAL is not known".into();
+        }
+        let exact = status == Status::Exact && summarized_may_be_lost == 0;
+        let detail = if status != Status::Exact {
+            format!("unknown: {why}; the {} listed are certainly lost", lost.len())
+        } else if summarized_may_be_lost > 0 {
+            format!(
+                "{} listed, and up to {} more that the full record summarized (LSN {}..{})",
+                lost.len(),
+                summarized_may_be_lost,
+                lsn(s.min_end),
+                lsn(s.max_end)
+            )
+        } else {
+            format!("exact: {} of {} recorded acknowledged delayed commits lost", lost.len(), crash.entries.len())
+        };
+        let lost_count = if status == Status::Exact { lost.len().to_string() } else { "-".into() };
+        let _ = writeln!(
+            out,
+            "crash\t{}\t{recovered_at}\t{recovered_end}\t{lost_count}\t{summarized_may_be_lost}\t{}\t{}",
+            crash.id,
+            exact as u8,
+            detail.replace(['\t', '\n'], " ")
+        );
+        for a in &lost {
+            let _ = writeln!(out, "lost\t{}\t{}\t{}\t{}\t{}", crash.id, a.fxid, a.datid, a.commit_end, a.ack_time);
+        }
+        if status != Status::Exact {
+            pgrx::log!(
+                "delayed_durability: unknown how many acknowledged delayed commits were lost: {why}; {} listed in delayed_durability_lost_commits are certainly lost",
+                lost.len()
+            );
+        } else if let (Some(first), Some(last)) = (lost.first(), lost.last()) {
+            let (t1, t2) = (
+                lost.iter().map(|a| a.ack_time).min().unwrap(),
+                lost.iter().map(|a| a.ack_time).max().unwrap(),
+            );
+            pgrx::log!(
+                "delayed_durability: {} acknowledged delayed commits were lost (LSN {}..{}, acknowledged between {} and {}){}",
+                lost.len(),
+                lsn(first.commit_end),
+                lsn(last.commit_end),
+                time_text(t1),
+                time_text(t2),
+                if summarized_may_be_lost > 0 { format!(", and up to {summarized_may_be_lost} more summarized") } else { String::new() }
+            );
+        } else {
+            pgrx::log!(
+                "delayed_durability: 0 acknowledged delayed commits were lost ({} recorded, all in the recovered WAL up to {}){}",
+                crash.entries.len(),
+                lsn(recovered_end),
+                if summarized_may_be_lost > 0 { format!("; up to {summarized_may_be_lost} summarized ones may be") } else { String::new() }
+            );
+        }
+    }
+    if !out.is_empty() {
+        let mut f = std::fs::OpenOptions::new().create(true).append(true).open(REPORT_FILE)?;
+        f.write_all(out.as_bytes())?;
+        f.sync_all()?;
+    }
+    std::fs::remove_file(PENDING_FILE)?;
+    sync_dir()
+}
+
+#[pg_guard]
+#[no_mangle]
+pub extern "C-unwind" fn delayed_durability_report_main(_arg: pg_sys::Datum) {
+    BackgroundWorker::attach_signal_handlers(SignalWakeFlags::SIGTERM);
+    if let Err(e) = compare_pending() {
+        pgrx::warning!("delayed_durability: could not compare the record of acknowledged delayed commits: {e}");
+    }
+    // Stay until shutdown: a worker that exits is not started again after a
+    // crash restart, and the next crash needs it.
+    while BackgroundWorker::wait_latch(None) {}
+}
+
+// --------------------------------------------------------------------- views
+
+struct ReportedCrash {
+    id: i64,
+    recovered_at: i64,
+    recovered_end: u64,
+    lost: Option<i64>,
+    summarized: i64,
+    exact: bool,
+    detail: String,
+}
+
+struct LostCommit {
+    crash: i64,
+    acked: Acked,
+}
+
+#[derive(Default)]
+struct Report {
+    crashes: Vec<ReportedCrash>,
+    lost: Vec<LostCommit>,
+}
+
+fn read_report() -> Report {
+    let mut report = Report::default();
+    let Ok(text) = std::fs::read_to_string(REPORT_FILE) else { return report };
+    for line in text.lines() {
+        let f: Vec<&str> = line.splitn(9, '\t').collect();
+        let n = |i: usize| f.get(i).and_then(|v| v.parse::<i64>().ok()).unwrap_or(0);
+        match f.first() {
+            Some(&"crash") if f.len() >= 8 => report.crashes.push(ReportedCrash {
+                id: n(1),
+                recovered_at: n(2),
+                recovered_end: n(3) as u64,
+                lost: f[4].parse().ok(),
+                summarized: n(5),
+                exact: f[6] == "1",
+                detail: f[7].to_string(),
+            }),
+            Some(&"lost") if f.len() >= 6 => report.lost.push(LostCommit {
+                crash: n(1),
+                acked: Acked { fxid: n(2) as u64, datid: n(3) as u32, commit_end: n(4) as u64, ack_time: n(5) },
+            }),
+            _ => {}
+        }
+    }
+    report
+}
+
+/// The report is for superusers and the roles granted SELECT on its view;
+/// the function under the view checks the view's privilege, so calling it
+/// directly grants nothing more.
+fn require_view_privilege(view: &str) {
+    let query = format!(
+        "SELECT pg_catalog.has_table_privilege(c.oid, 'SELECT') \
+           FROM pg_catalog.pg_extension e JOIN pg_catalog.pg_class c ON c.relnamespace = e.extnamespace \
+          WHERE e.extname = 'delayed_durability' AND c.relname = '{view}'"
+    );
+    if Spi::get_one::<bool>(&query).ok().flatten() != Some(true) {
+        pg_sys::panic::ErrorReport::new(
+            PgSqlErrorCode::ERRCODE_INSUFFICIENT_PRIVILEGE,
+            format!("permission denied for view {view}"),
+            "",
+        )
+        .set_hint(&format!("A superuser can run GRANT SELECT ON {view} TO the role."))
+        .report(PgLogLevel::ERROR);
+    }
+}
+
+fn timestamp(t: i64) -> Option<TimestampWithTimeZone> {
+    TimestampWithTimeZone::try_from(t).ok()
+}
+
+#[pg_extern(volatile, parallel_safe)]
+fn delayed_durability_crash_rows() -> TableIterator<
+    'static,
+    (
+        name!(crash_recovered_at, Option<TimestampWithTimeZone>),
+        name!(recovered_end, i64),
+        name!(lost_commits, Option<i64>),
+        name!(summarized_commits, i64),
+        name!(exact, bool),
+        name!(detail, String),
+    ),
+> {
+    crate::preload::require_preloaded();
+    require_view_privilege("delayed_durability_crashes");
+    let rows: Vec<_> = read_report()
+        .crashes
+        .into_iter()
+        .map(|c| (timestamp(c.recovered_at), c.recovered_end as i64, c.lost, c.summarized, c.exact, c.detail))
+        .collect();
+    TableIterator::new(rows)
+}
+
+#[pg_extern(volatile, parallel_safe)]
+fn delayed_durability_lost_commit_rows() -> TableIterator<
+    'static,
+    (
+        name!(xid, i64),
+        name!(datid, pg_sys::Oid),
+        name!(commit_end, i64),
+        name!(acknowledged_at, Option<TimestampWithTimeZone>),
+        name!(crash_recovered_at, Option<TimestampWithTimeZone>),
+    ),
+> {
+    crate::preload::require_preloaded();
+    require_view_privilege("delayed_durability_lost_commits");
+    let report = read_report();
+    let rows: Vec<_> = report
+        .lost
+        .iter()
+        .map(|l| {
+            let recovered_at = report.crashes.iter().find(|c| c.id == l.crash).map(|c| c.recovered_at);
+            (
+                l.acked.fxid as i64,
+                pg_sys::Oid::from(l.acked.datid),
+                l.acked.commit_end as i64,
+                timestamp(l.acked.ack_time),
+                recovered_at.and_then(timestamp),
+            )
+        })
+        .collect();
+    TableIterator::new(rows)
+}
+
+/// Forgets every reported crash. Superuser-only by default (the extension
+/// script revokes EXECUTE from PUBLIC).
+#[pg_extern(volatile, parallel_unsafe)]
+fn delayed_durability_lost_commits_reset() {
+    crate::preload::require_preloaded();
+    match std::fs::remove_file(REPORT_FILE) {
+        Ok(()) => {
+            let _ = sync_dir();
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => {
+            pg_sys::panic::ErrorReport::new(
+                PgSqlErrorCode::ERRCODE_IO_ERROR,
+                format!("could not remove \"{REPORT_FILE}\": {e}"),
+                "",
+            )
+            .report(PgLogLevel::ERROR);
+        }
+    }
+}

@@ -1,0 +1,394 @@
+//! The ring of acknowledged delayed commits.
+//!
+//! A file mapped shared by the postmaster before it forks, so the record
+//! outlives the crash of any server process (the pages are the kernel's).
+//! Writers take no lock: a claim number from one atomic counter picks the
+//! slot; the slot's sequence word is set to WRITING, the fields written,
+//! then the word set to claim + 1 (a reader that sees the same word before
+//! and after reading the fields has a consistent entry). When the ring
+//! laps an entry whose WAL is not yet flushed, that entry is folded into a
+//! summary (count, LSN and time range) instead of stalling the commit.
+
+use crate::walbuf::pmem::Mapping;
+use std::sync::atomic::{fence, AtomicI64, AtomicU32, AtomicU64, Ordering};
+
+pub const MAGIC: u64 = u64::from_le_bytes(*b"DDACKS01");
+const VERSION: u32 = 1;
+/// Where the header keeps the boot id of the machine that wrote it (the
+/// tests overwrite it to simulate an operating-system restart).
+#[allow(dead_code)] // the offset t/021_loss_report.pl writes at
+pub const BOOT_ID_OFFSET: usize = 32;
+pub const BOOT_ID_LEN: usize = 40;
+const WRITING: u64 = u64::MAX;
+
+/// One acknowledged delayed commit.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Acked {
+    pub commit_end: u64,
+    pub ack_time: i64,
+    pub fxid: u64,
+    pub datid: u32,
+}
+
+#[repr(C, align(64))]
+struct Entry {
+    /// 0: never written; WRITING; otherwise the claim number + 1.
+    seq: AtomicU64,
+    commit_end: AtomicU64,
+    ack_time: AtomicI64,
+    fxid: AtomicU64,
+    datid: AtomicU32,
+}
+
+/// Entries lapped by the ring before their WAL was flushed.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct Summary {
+    pub count: u64,
+    pub min_end: u64,
+    pub max_end: u64,
+    pub min_time: i64,
+    pub max_time: i64,
+}
+
+#[repr(C, align(64))]
+struct SharedSummary {
+    lock: AtomicU32,
+    count: AtomicU64,
+    min_end: AtomicU64,
+    max_end: AtomicU64,
+    min_time: AtomicI64,
+    max_time: AtomicI64,
+}
+
+#[repr(C, align(64))]
+struct Counter(AtomicU64);
+
+#[repr(C)]
+struct Header {
+    magic: u64,
+    version: u32,
+    capacity: u32,
+    system_id: u64,
+    /// 1 when the file is on persistent memory and entries are persisted.
+    persistent: u32,
+    /// Set when a delayed commit was acknowledged without an entry.
+    incomplete: AtomicU32,
+    boot_id: [u8; BOOT_ID_LEN],
+    summary: SharedSummary,
+    next_claim: Counter,
+    scan_from: Counter,
+}
+
+const ENTRIES_OFFSET: usize = std::mem::size_of::<Header>();
+
+pub fn file_len(capacity: u32) -> usize {
+    ENTRIES_OFFSET + capacity as usize * std::mem::size_of::<Entry>()
+}
+
+/// What a crashed run left in the ring.
+#[derive(Debug)]
+pub struct Snapshot {
+    pub entries: Vec<Acked>,
+    pub summary: Summary,
+    pub incomplete: bool,
+    pub boot_id: [u8; BOOT_ID_LEN],
+    pub persistent: bool,
+}
+
+#[derive(Clone, Copy)]
+pub struct Ring {
+    map: Mapping,
+    capacity: u64,
+}
+
+impl Ring {
+    /// A ring over a mapping of `file_len(capacity)` bytes or more.
+    pub fn new(map: Mapping) -> Option<Ring> {
+        let ring = Ring { map, capacity: 0 };
+        if map.len < ENTRIES_OFFSET {
+            return None;
+        }
+        let h = ring.header();
+        if h.magic != MAGIC || h.version != VERSION || map.len < file_len(h.capacity) || h.capacity == 0 {
+            return None;
+        }
+        Some(Ring { map, capacity: h.capacity as u64 })
+    }
+
+    fn header(&self) -> &Header {
+        // SAFETY: the mapping holds at least a header (checked by new() and
+        // format()); every field written concurrently is atomic.
+        unsafe { &*(self.map.addr as *const Header) }
+    }
+
+    fn entry(&self, claim: u64) -> &Entry {
+        let i = (claim % self.capacity) as usize;
+        // SAFETY: i < capacity and the mapping holds capacity entries.
+        unsafe { &*(self.map.addr.add(ENTRIES_OFFSET) as *const Entry).add(i) }
+    }
+
+    /// Writes an empty ring of `capacity` entries over the whole mapping
+    /// (postmaster only, no other process attached).
+    pub fn format(map: Mapping, capacity: u32, system_id: u64, boot_id: [u8; BOOT_ID_LEN]) -> Result<Ring, String> {
+        assert!(map.len >= file_len(capacity));
+        // SAFETY: the postmaster owns the mapping alone at this point.
+        unsafe {
+            std::ptr::write_bytes(map.addr, 0, file_len(capacity));
+            let h = &mut *(map.addr as *mut Header);
+            h.version = VERSION;
+            h.capacity = capacity;
+            h.system_id = system_id;
+            h.persistent = map.is_pmem as u32;
+            h.boot_id = boot_id;
+            // The magic last: a half-formatted file is no ring.
+            std::ptr::write_volatile(&mut h.magic, MAGIC);
+        }
+        map.persist(0, file_len(capacity))?;
+        Ok(Ring { map, capacity: capacity as u64 })
+    }
+
+    pub fn mapping(&self) -> Mapping {
+        self.map
+    }
+
+    pub fn system_id(&self) -> u64 {
+        self.header().system_id
+    }
+
+    pub fn capacity(&self) -> u32 {
+        self.capacity as u32
+    }
+
+    /// Every entry and the summary (postmaster only, nobody writing).
+    pub fn snapshot(&self) -> Snapshot {
+        let h = self.header();
+        let entries = (0..self.capacity)
+            .map(|i| self.entry(i))
+            .filter(|e| !matches!(e.seq.load(Ordering::Acquire), 0 | WRITING))
+            .map(|e| Acked {
+                commit_end: e.commit_end.load(Ordering::Relaxed),
+                ack_time: e.ack_time.load(Ordering::Relaxed),
+                fxid: e.fxid.load(Ordering::Relaxed),
+                datid: e.datid.load(Ordering::Relaxed),
+            })
+            .collect();
+        Snapshot {
+            entries,
+            summary: self.summary(),
+            incomplete: h.incomplete.load(Ordering::Relaxed) != 0,
+            boot_id: h.boot_id,
+            persistent: h.persistent != 0,
+        }
+    }
+
+    /// Records an acknowledged delayed commit. `flushed` reads the WAL flush
+    /// position; it is called only when an older entry is lapped.
+    pub fn record(&self, acked: Acked, flushed: impl Fn() -> u64) {
+        let h = self.header();
+        let claim = h.next_claim.0.fetch_add(1, Ordering::AcqRel);
+        let e = self.entry(claim);
+        let old = e.seq.load(Ordering::Acquire);
+        // A writer of a later lap got here first, or one of an earlier lap
+        // is still writing (the ring lapped during its write): summarize.
+        if old == WRITING
+            || (old != 0 && old - 1 > claim)
+            || e.seq.compare_exchange(old, WRITING, Ordering::AcqRel, Ordering::Acquire).is_err()
+        {
+            self.summarize(acked, flushed());
+            return;
+        }
+        if old != 0 {
+            let lapped = Acked {
+                commit_end: e.commit_end.load(Ordering::Relaxed),
+                ack_time: e.ack_time.load(Ordering::Relaxed),
+                fxid: 0,
+                datid: 0,
+            };
+            let f = flushed();
+            if lapped.commit_end > f {
+                self.summarize(lapped, f);
+            }
+        }
+        e.commit_end.store(acked.commit_end, Ordering::Relaxed);
+        e.ack_time.store(acked.ack_time, Ordering::Relaxed);
+        e.fxid.store(acked.fxid, Ordering::Relaxed);
+        e.datid.store(acked.datid, Ordering::Relaxed);
+        e.seq.store(claim + 1, Ordering::Release);
+        if self.map.is_pmem {
+            let offset = e as *const Entry as usize - self.map.addr as usize;
+            // On persistent memory a cache-line flush; cannot fail there.
+            let _ = self.map.persist(offset, std::mem::size_of::<Entry>());
+        }
+    }
+
+    /// Notes that a delayed commit was acknowledged without an entry (the
+    /// record is off): a report after a crash cannot be exact.
+    pub fn mark_incomplete(&self) {
+        let flag = &self.header().incomplete;
+        if flag.load(Ordering::Relaxed) == 0 {
+            flag.store(1, Ordering::Relaxed);
+        }
+    }
+
+    fn with_summary_lock<T>(&self, f: impl FnOnce(&SharedSummary) -> T) -> T {
+        let s = &self.header().summary;
+        while s.lock.compare_exchange_weak(0, 1, Ordering::Acquire, Ordering::Relaxed).is_err() {
+            std::hint::spin_loop();
+        }
+        let result = f(s);
+        s.lock.store(0, Ordering::Release);
+        result
+    }
+
+    fn summarize(&self, acked: Acked, flushed: u64) {
+        self.with_summary_lock(|s| {
+            // What the summary held is flushed: start over.
+            if s.count.load(Ordering::Relaxed) > 0 && s.max_end.load(Ordering::Relaxed) <= flushed {
+                s.count.store(0, Ordering::Relaxed);
+            }
+            if s.count.load(Ordering::Relaxed) == 0 {
+                s.min_end.store(acked.commit_end, Ordering::Relaxed);
+                s.max_end.store(acked.commit_end, Ordering::Relaxed);
+                s.min_time.store(acked.ack_time, Ordering::Relaxed);
+                s.max_time.store(acked.ack_time, Ordering::Relaxed);
+            } else {
+                s.min_end.fetch_min(acked.commit_end, Ordering::Relaxed);
+                s.max_end.fetch_max(acked.commit_end, Ordering::Relaxed);
+                s.min_time.fetch_min(acked.ack_time, Ordering::Relaxed);
+                s.max_time.fetch_max(acked.ack_time, Ordering::Relaxed);
+            }
+            s.count.fetch_add(1, Ordering::Relaxed);
+        });
+    }
+
+    pub fn summary(&self) -> Summary {
+        self.with_summary_lock(|s| Summary {
+            count: s.count.load(Ordering::Relaxed),
+            min_end: s.min_end.load(Ordering::Relaxed),
+            max_end: s.max_end.load(Ordering::Relaxed),
+            min_time: s.min_time.load(Ordering::Relaxed),
+            max_time: s.max_time.load(Ordering::Relaxed),
+        })
+    }
+
+    /// When the oldest acknowledged commit whose WAL is not flushed up to
+    /// `flushed` was acknowledged; None when there is none. An entry being
+    /// written right now counts as acknowledged `now`.
+    ///
+    /// Entries are visited in claim order from where the last visit stopped,
+    /// so the cost is the entries flushed since then, plus one.
+    pub fn oldest_unflushed(&self, flushed: u64, now: i64) -> Option<i64> {
+        let h = self.header();
+        let next = h.next_claim.0.load(Ordering::Acquire);
+        let mut claim = h.scan_from.0.load(Ordering::Relaxed).max(next.saturating_sub(self.capacity));
+        let mut oldest = None;
+        while claim < next {
+            let e = self.entry(claim);
+            let seq = e.seq.load(Ordering::Acquire);
+            if seq == claim + 1 {
+                let end = e.commit_end.load(Ordering::Relaxed);
+                let time = e.ack_time.load(Ordering::Relaxed);
+                fence(Ordering::Acquire);
+                if e.seq.load(Ordering::Relaxed) == claim + 1 && end > flushed {
+                    oldest = Some(time);
+                    break;
+                }
+            } else if seq == 0 || seq == WRITING || seq < claim + 1 {
+                // Claimed and being written: acknowledged now.
+                oldest = Some(now);
+                break;
+            }
+            // Flushed, or lapped by a later claim (summarized if unflushed).
+            claim += 1;
+        }
+        h.scan_from.0.fetch_max(claim, Ordering::Relaxed);
+        let s = self.summary();
+        if s.count > 0 && s.max_end > flushed {
+            oldest = Some(oldest.map_or(s.min_time, |t: i64| t.min(s.min_time)));
+        }
+        oldest
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn anonymous(capacity: u32) -> (Ring, Vec<u8>) {
+        let mut memory = vec![0u8; file_len(capacity) + 64];
+        let offset = memory.as_ptr().align_offset(64);
+        // SAFETY: the vector outlives the ring in each test.
+        let addr = unsafe { memory.as_mut_ptr().add(offset) };
+        let map = Mapping { addr, len: file_len(capacity), is_pmem: false };
+        let ring = Ring::format_unpersisted(map, capacity);
+        (ring, memory)
+    }
+
+    impl Ring {
+        fn format_unpersisted(map: Mapping, capacity: u32) -> Ring {
+            // SAFETY: test memory owned by the caller.
+            unsafe {
+                std::ptr::write_bytes(map.addr, 0, file_len(capacity));
+                let h = &mut *(map.addr as *mut Header);
+                h.version = VERSION;
+                h.capacity = capacity;
+                h.magic = MAGIC;
+            }
+            Ring::new(map).unwrap()
+        }
+    }
+
+    fn acked(end: u64, time: i64) -> Acked {
+        Acked { commit_end: end, ack_time: time, fxid: end, datid: 5 }
+    }
+
+    #[test]
+    fn header_layout() {
+        assert_eq!(std::mem::offset_of!(Header, boot_id), BOOT_ID_OFFSET);
+        assert_eq!(ENTRIES_OFFSET % 64, 0);
+        assert_eq!(std::mem::size_of::<Entry>(), 64);
+    }
+
+    #[test]
+    fn oldest_unflushed_follows_the_flush_position() {
+        let (ring, _m) = anonymous(8);
+        assert_eq!(ring.oldest_unflushed(0, 99), None);
+        ring.record(acked(100, 1), || 0);
+        ring.record(acked(200, 2), || 0);
+        ring.record(acked(300, 3), || 0);
+        assert_eq!(ring.oldest_unflushed(0, 99), Some(1));
+        assert_eq!(ring.oldest_unflushed(100, 99), Some(2));
+        assert_eq!(ring.oldest_unflushed(300, 99), None);
+        assert_eq!(ring.snapshot().entries.len(), 3);
+    }
+
+    #[test]
+    fn lapped_unflushed_entries_are_summarized() {
+        let (ring, _m) = anonymous(4);
+        for i in 1..=6u64 {
+            ring.record(acked(i * 100, i as i64), || 0);
+        }
+        let s = ring.summary();
+        assert_eq!((s.count, s.min_end, s.max_end, s.min_time, s.max_time), (2, 100, 200, 1, 2));
+        // The summary holds the oldest: it answers for the window.
+        assert_eq!(ring.oldest_unflushed(0, 99), Some(1));
+        let snap = ring.snapshot();
+        assert_eq!(snap.entries.len(), 4);
+        assert!(snap.entries.iter().all(|a| a.commit_end >= 300));
+        // Lapping flushed entries summarizes nothing; a flushed summary restarts.
+        for i in 7..=10u64 {
+            ring.record(acked(i * 100, i as i64), || 650);
+        }
+        let s = ring.summary();
+        assert_eq!((s.count, s.min_end, s.max_end), (2, 100, 200), "{s:?}");
+        assert_eq!(ring.oldest_unflushed(700, 99), Some(8));
+    }
+
+    #[test]
+    fn incomplete_flag() {
+        let (ring, _m) = anonymous(4);
+        assert!(!ring.snapshot().incomplete);
+        ring.mark_incomplete();
+        assert!(ring.snapshot().incomplete);
+    }
+}
