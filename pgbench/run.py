@@ -31,7 +31,7 @@ SCALES = {
     # of exp 5's interleaved loop runs, rows for exp 6, (rounds, seconds of
     # the server loop, pgbench seconds) per variant and round for exp 7
     "tiny": dict(e1=300, e2=1000, e3=1000, e4=(5, 4, 20), e5=2, e5_rounds=1, e6=2000, e7=(1, 0.2, 1)),
-    "quick": dict(e1=100000, e2=200000, e3=200000, e4=(5, 100, 100), e5=5, e5_rounds=3, e6=300000, e7=(6, 1, 1)),
+    "quick": dict(e1=100000, e2=200000, e3=200000, e4=(5, 100, 100), e5=5, e5_rounds=3, e6=300000, e7=(6, 0.5, 1)),
     "full": dict(e1=100000, e2=1000000, e3=1000000, e4=(5, 200, 100), e5=30, e5_rounds=3, e6=3000000,
                  e7=(15, 5, 10)),
 }

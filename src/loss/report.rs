@@ -431,7 +431,9 @@ fn require_view_privilege(view: &str) {
            FROM pg_catalog.pg_extension e JOIN pg_catalog.pg_class c ON c.relnamespace = e.extnamespace \
           WHERE e.extname = 'delayed_durability' AND c.relname = '{view}'"
     );
-    if Spi::get_one::<bool>(&query).ok().flatten() != Some(true) {
+    // A read-only query: Spi::get_one() would assign a transaction id.
+    let allowed = Spi::connect(|client| client.select(&query, Some(1), &[])?.first().get_one::<bool>());
+    if allowed.ok().flatten() != Some(true) {
         pg_sys::panic::ErrorReport::new(
             PgSqlErrorCode::ERRCODE_INSUFFICIENT_PRIVILEGE,
             format!("permission denied for view {view}"),

@@ -1,0 +1,206 @@
+# The report of acknowledged delayed commits lost in a crash: compared with
+# the client's own log of acknowledged transactions, after a crash of one
+# process (crash restart), of every process (kill -9), a simulated
+# operating-system restart, a clean restart, with the record off, and with
+# more unflushed commits than the record holds.
+use strict;
+use warnings;
+use PostgreSQL::Test::Utils;
+use Test::More;
+use DelayedDurabilityTest;
+
+my $node = new_dd_node('lost', conf => "delayed_durability.lost_commits_ring_size = 64\nrestart_after_crash = on\n");
+$node->safe_psql('postgres', q{
+ALTER DATABASE postgres SET delayed_durability.mode = 'forced';
+CREATE TABLE acked (xid xid8 PRIMARY KEY, n int);
+});
+
+# Commits $n delayed transactions, each inserting its own xid; returns the
+# client's log of acknowledged xids (each printed after its COMMIT returned).
+sub commit_delayed_rows
+{
+	my ($n, $tag) = @_;
+	my $script = join('', map {
+		"BEGIN;\nINSERT INTO acked SELECT pg_current_xact_id(), $_;\n"
+		  . "SELECT 'xid=' || pg_current_xact_id();\nCOMMIT;\nSELECT 'acked';\n"
+	} 1 .. $n);
+	my @lines = split /\n/, $node->safe_psql('postgres', $script);
+	my (@acked, $pending);
+	for (@lines)
+	{
+		$pending = $1 if /^xid=(\d+)$/;
+		push @acked, $pending if $_ eq 'acked' && defined $pending;
+	}
+	return @acked;
+}
+
+sub present_xids
+{
+	return map { $_ => 1 } split /\n/, $node->safe_psql('postgres', 'SELECT xid FROM acked');
+}
+
+sub reported
+{
+	my ($since) = @_;
+	return split /\n/, $node->safe_psql('postgres',
+		"SELECT xid FROM delayed_durability_lost_commits WHERE crash_recovered_at > '$since' ORDER BY commit_lsn");
+}
+
+sub crash_row
+{
+	my ($since) = @_;
+	return $node->safe_psql('postgres',
+		"SELECT coalesce(lost_commits::text, 'NULL'), summarized_commits, exact, detail FROM delayed_durability_crashes WHERE crash_recovered_at > '$since'");
+}
+
+sub wait_for_report
+{
+	my ($since) = @_;
+	$node->poll_query_until('postgres', "SELECT count(*) > 0 FROM delayed_durability_crashes WHERE crash_recovered_at > '$since'")
+	  or die 'no crash report';
+}
+
+sub now { return $node->safe_psql('postgres', 'SELECT clock_timestamp()'); }
+
+# kill -9 of every process, and the WAL the server had not flushed treated
+# as never written (WAL written but not flushed may or may not survive a
+# crash of PostgreSQL: the WAL writer writes completed pages early). Then
+# the server starts again. The record itself is intact: no machine crash.
+sub crash_losing_unflushed_wal
+{
+	my $flushed_at = lsn_to_int($node->safe_psql('postgres', 'SELECT pg_current_wal_flush_lsn()'));
+	kill_everything($node);
+	zero_wal_after($node, $flushed_at);
+	$node->start;
+}
+
+# A reloaded setting reaches new sessions only once the postmaster re-read
+# the file.
+sub reload_until
+{
+	my ($setting, $value) = @_;
+	$node->safe_psql('postgres', 'SELECT pg_reload_conf()');
+	$node->poll_query_until('postgres', "SELECT current_setting('$setting') = '$value'") or die "$setting not $value";
+}
+
+# ---- crash of one process: the postmaster restarts the others
+settle_wal_writer($node);
+$node->safe_psql('postgres', 'SELECT flush_log()');
+my @acked = commit_delayed_rows(10);
+$node->safe_psql('postgres', 'SELECT flush_log()');
+push @acked, commit_delayed_rows(12);
+is(scalar @acked, 22, '22 delayed commits acknowledged');
+my $since = now();
+my $log_offset = -s $node->logfile;
+my $walwriter = $node->safe_psql('postgres', q{SELECT pid FROM pg_stat_activity WHERE backend_type = 'walwriter'});
+kill 'KILL', $walwriter;
+$node->poll_query_until('postgres', 'SELECT 1', '1') or die 'no restart';
+wait_for_report($since);
+my %present = present_xids();
+my @absent = grep { !$present{$_} } @acked;
+cmp_ok(scalar @absent, '>', 0, scalar(@absent) . ' acknowledged commits lost when the WAL writer was killed');
+is_deeply([ reported($since) ], \@absent, 'the report lists exactly the acknowledged commits absent from the table, in commit order');
+like(crash_row($since), qr/^${\ scalar @absent}\|0\|t\|exact: /, 'crash row: exact, with the count');
+ok($node->log_contains(qr/delayed_durability: ${\ scalar @absent} acknowledged delayed commits were lost \(LSN [0-9A-F\/]+\.\.[0-9A-F\/]+, acknowledged between /, $log_offset),
+	'one LOG line at startup says how many and when');
+is($node->safe_psql('postgres',
+	"SELECT bool_and(datname = 'postgres' AND acknowledged_at < crash_recovered_at) FROM delayed_durability_lost_commits WHERE crash_recovered_at > '$since'"),
+	't', 'database and acknowledgement time reported');
+
+# ---- kill -9 of every process (a PostgreSQL crash, not of the machine)
+settle_wal_writer($node);
+$node->safe_psql('postgres', 'SELECT flush_log()');
+@acked = commit_delayed_rows(15);
+$since = now();
+crash_losing_unflushed_wal();
+wait_for_report($since);
+%present = present_xids();
+@absent = grep { !$present{$_} } @acked;
+is(scalar @absent, 15, 'the 15 unflushed commits lost when every process was killed');
+is_deeply([ reported($since) ], \@absent, 'after kill -9 of the server the report is exact too');
+like(crash_row($since), qr/^${\ scalar @absent}\|0\|t\|/, '... and says so');
+
+# ---- a crash that lost nothing: everything was flushed
+$node->safe_psql('postgres', 'SELECT flush_log()');
+@acked = commit_delayed_rows(3);
+$node->safe_psql('postgres', 'SELECT flush_log()');
+$since = now();
+kill_everything($node);
+$node->start;
+wait_for_report($since);
+like(crash_row($since), qr/^0\|0\|t\|exact: 0 of \d+ /, 'a crash after flush_log(): 0 lost, exact');
+is(scalar(reported($since)), 0, 'nothing listed');
+
+# ---- clean restart: nothing is lost, nothing reported
+my $crashes = $node->safe_psql('postgres', 'SELECT count(*) FROM delayed_durability_crashes');
+commit_delayed_rows(5);
+$node->restart;
+$node->safe_psql('postgres', 'SELECT pg_sleep(0.5)');
+is($node->safe_psql('postgres', 'SELECT count(*) FROM delayed_durability_crashes'), $crashes,
+	'a clean restart adds no crash report');
+
+# ---- simulated operating-system restart: the record is not on persistent
+# memory, so the page cache it lived in is gone; its header carries the
+# boot id, which is what changes.
+settle_wal_writer($node);
+$node->safe_psql('postgres', 'SELECT flush_log()');
+@acked = commit_delayed_rows(4);
+$since = now();
+kill_everything($node);
+my $ring = $node->data_dir . '/delayed_durability/commits';
+open my $fh, '+<:raw', $ring or die "$ring: $!";
+seek $fh, 32, 0;
+print $fh 'another-boot-' . ('0' x 27);
+close $fh;
+$node->start;
+wait_for_report($since);
+like(crash_row($since), qr/^NULL\|0\|f\|unknown: the record of acknowledged commits did not survive the operating-system restart/,
+	'after an operating-system restart without persistent memory: unknown, not 0');
+
+# ---- the record off: unknown
+$node->safe_psql('postgres', 'ALTER SYSTEM SET delayed_durability.track_lost_commits = off');
+reload_until('delayed_durability.track_lost_commits', 'off');
+settle_wal_writer($node);
+commit_delayed_rows(2);
+$since = now();
+kill_everything($node);
+$node->start;
+wait_for_report($since);
+like(crash_row($since), qr/^NULL\|0\|f\|unknown: delayed commits were acknowledged while delayed_durability.track_lost_commits was off/,
+	'commits acknowledged while track_lost_commits was off: unknown');
+$node->safe_psql('postgres', 'ALTER SYSTEM RESET delayed_durability.track_lost_commits');
+reload_until('delayed_durability.track_lost_commits', 'on');
+
+# ---- more unflushed commits than the record holds (64): the oldest are
+# summarized, the newest 64 listed, and the report says it is not exact.
+settle_wal_writer($node);
+$node->safe_psql('postgres', 'SELECT flush_log()');
+@acked = commit_delayed_rows(100);
+$since = now();
+crash_losing_unflushed_wal();
+wait_for_report($since);
+%present = present_xids();
+@absent = grep { !$present{$_} } @acked;
+is(scalar @absent, 100, 'all 100 unflushed commits lost');
+is_deeply([ reported($since) ], [ @absent[36 .. 99] ], 'the newest 64 are listed');
+like(crash_row($since), qr/^64\|36\|f\|64 listed, and up to 36 more that the full record summarized/,
+	'the 36 summarized ones are counted, and the report is not called exact');
+
+# ---- privileges and reset
+$node->safe_psql('postgres', 'CREATE ROLE monitor LOGIN');
+my ($ret, $out, $err) = $node->psql('postgres', 'SELECT count(*) FROM delayed_durability_lost_commits', extra_params => [ '-U', 'monitor' ]);
+like($err, qr/permission denied for view delayed_durability_lost_commits/, 'not readable by default');
+($ret, $out, $err) = $node->psql('postgres', 'SELECT count(*) FROM delayed_durability_lost_commit_rows()', extra_params => [ '-U', 'monitor' ]);
+like($err, qr/permission denied for view delayed_durability_lost_commits/, 'nor through the function under the view');
+$node->safe_psql('postgres', 'GRANT SELECT ON delayed_durability_lost_commits, delayed_durability_crashes TO monitor');
+cmp_ok($node->safe_psql('postgres', 'SELECT count(*) FROM delayed_durability_lost_commits', extra_params => [ '-U', 'monitor' ]),
+	'>', 0, 'readable once granted');
+($ret, $out, $err) = $node->psql('postgres', 'SELECT delayed_durability_lost_commits_reset()', extra_params => [ '-U', 'monitor' ]);
+like($err, qr/permission denied for function delayed_durability_lost_commits_reset/, 'reset is for superusers');
+$node->safe_psql('postgres', 'SELECT delayed_durability_lost_commits_reset()');
+is($node->safe_psql('postgres', 'SELECT (SELECT count(*) FROM delayed_durability_lost_commits) + (SELECT count(*) FROM delayed_durability_crashes)'),
+	'0', 'reset empties the report');
+$node->restart;
+is($node->safe_psql('postgres', 'SELECT count(*) FROM delayed_durability_crashes'), '0', 'and it stays empty');
+
+done_testing();
