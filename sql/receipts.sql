@@ -1,0 +1,111 @@
+-- Durability receipts, the loss budget's settings and the crash report's
+-- SQL interface (crashes themselves are in t/021 and t/022).
+CREATE EXTENSION IF NOT EXISTS delayed_durability;
+CREATE TABLE r (id int);
+SET delayed_durability.mode = 'forced';
+
+-- Signatures.
+SELECT p.oid::regprocedure AS function, pg_get_function_result(p.oid) AS result,
+       p.proisstrict AS strict, p.provolatile AS volatility, p.proparallel AS parallel
+  FROM pg_proc AS p
+ WHERE p.proname IN ('last_commit_lsn', 'is_durable', 'wait_durable', 'delayed_durability_lost_commits_reset')
+ ORDER BY 1::text;
+SELECT pg_get_function_arguments('wait_durable'::regproc);
+
+-- A fresh session has no receipt; a commit gives one.
+\c
+SET delayed_durability.mode = 'forced';
+SELECT last_commit_lsn() IS NULL AS no_receipt_yet;
+INSERT INTO r VALUES (1);
+SELECT last_commit_lsn() AS receipt \gset
+SELECT :'receipt'::pg_lsn > '0/0' AS has_receipt,
+       :'receipt'::pg_lsn <= pg_current_wal_insert_lsn() AS not_beyond_insert,
+       is_durable(:'receipt') AS durable_after_delayed_commit;
+SELECT flush_log() >= :'receipt'::pg_lsn AS flushed;
+SELECT is_durable(:'receipt') AS durable_after_flush_log,
+       wait_durable(:'receipt') AS wait_returns_at_once,
+       wait_durable(:'receipt', interval '0') AS even_without_time;
+
+-- NULL in, NULL out; invalid and future positions are errors with a hint.
+SELECT is_durable(NULL) IS NULL AS null_is_durable, wait_durable(NULL) IS NULL AS null_wait;
+SELECT wait_durable(:'receipt', NULL) AS null_timeout_waits_without_limit;
+SELECT is_durable('0/0');
+SELECT wait_durable('0/0');
+-- (The insert position in the message varies: masked.)
+DO $$
+BEGIN
+    PERFORM is_durable('FFFFFFFF/0');
+EXCEPTION WHEN invalid_parameter_value THEN
+    RAISE NOTICE '%', regexp_replace(SQLERRM, 'position [0-9A-F]+/[0-9A-F]+$', 'position X/X');
+END $$;
+DO $$
+BEGIN
+    PERFORM wait_durable('FFFFFFFF/0', interval '1s');
+EXCEPTION WHEN invalid_parameter_value THEN
+    RAISE NOTICE '%', regexp_replace(SQLERRM, 'position [0-9A-F]+/[0-9A-F]+$', 'position X/X');
+END $$;
+\set VERBOSITY default
+SELECT wait_durable(:'receipt', interval '-1s');
+
+-- The budget's settings: bytes and milliseconds, 0 by default, bounded.
+SELECT name, setting, unit, context, min_val, max_val FROM pg_settings
+ WHERE name IN ('delayed_durability.max_loss_bytes', 'delayed_durability.max_loss_time',
+                'delayed_durability.track_lost_commits', 'delayed_durability.lost_commits_ring_size')
+ ORDER BY name;
+SET delayed_durability.max_loss_bytes = '64kB';
+SHOW delayed_durability.max_loss_bytes;
+SET delayed_durability.max_loss_time = '10ms';
+SHOW delayed_durability.max_loss_time;
+SET delayed_durability.max_loss_bytes = -1;
+SET delayed_durability.max_loss_time = '1 fortnight';
+RESET delayed_durability.max_loss_bytes;
+RESET delayed_durability.max_loss_time;
+SET delayed_durability.track_lost_commits = off;
+
+-- The counter and the status column.
+SELECT commits_budget_flushed >= 0 AS has_budget_counter FROM delayed_durability_stats WHERE datname = current_database();
+SELECT pg_typeof(oldest_unflushed_commit_age) FROM delayed_durability_status();
+SELECT flush_log() IS NOT NULL AS flushed;
+SELECT oldest_unflushed_commit_age IS NULL AS nothing_unflushed FROM delayed_durability_status();
+-- A byte budget smaller than any commit flushes every delayed commit.
+SELECT commits_budget_flushed AS budget_before FROM delayed_durability_stats WHERE datname = current_database() \gset
+SET delayed_durability.max_loss_bytes = 1;
+INSERT INTO r VALUES (2);
+SELECT is_durable(last_commit_lsn()) AS budget_made_it_durable;
+SELECT commits_budget_flushed - :budget_before AS budget_flushes
+  FROM delayed_durability_stats WHERE datname = current_database();
+RESET delayed_durability.max_loss_bytes;
+
+-- The crash report: empty on a server that never crashed; reading it
+-- assigns no transaction id.
+BEGIN;
+SELECT count(*) AS crashes FROM delayed_durability_crashes;
+SELECT count(*) AS lost FROM delayed_durability_lost_commits;
+SELECT pg_current_xact_id_if_assigned() IS NULL AS no_xid;
+COMMIT;
+SELECT attname, format_type(atttypid, atttypmod) FROM pg_attribute
+ WHERE attrelid = 'delayed_durability_lost_commits'::regclass AND attnum > 0 ORDER BY attnum;
+SELECT attname, format_type(atttypid, atttypmod) FROM pg_attribute
+ WHERE attrelid = 'delayed_durability_crashes'::regclass AND attnum > 0 ORDER BY attnum;
+
+-- Privileges: receipts for everyone; the report for superusers and roles
+-- granted SELECT; reset for superusers.
+CREATE ROLE dd_receipt_user;
+GRANT INSERT ON r TO dd_receipt_user;
+SET ROLE dd_receipt_user;
+INSERT INTO r VALUES (3);
+SELECT last_commit_lsn() IS NOT NULL AS user_has_receipt, is_durable(last_commit_lsn()) IS NOT NULL AS user_can_check;
+SELECT count(*) FROM delayed_durability_lost_commits;
+SELECT count(*) FROM delayed_durability_crash_rows();
+SELECT delayed_durability_lost_commits_reset();
+SET delayed_durability.max_loss_bytes = '1MB';
+RESET ROLE;
+GRANT SELECT ON delayed_durability_crashes TO dd_receipt_user;
+SET ROLE dd_receipt_user;
+SELECT count(*) AS granted FROM delayed_durability_crashes;
+RESET ROLE;
+REVOKE SELECT ON delayed_durability_crashes FROM dd_receipt_user;
+DROP OWNED BY dd_receipt_user;
+DROP ROLE dd_receipt_user;
+SELECT delayed_durability_lost_commits_reset();
+DROP TABLE r;
