@@ -3,7 +3,8 @@
 # cached_nextval(); at a random moment every server process is killed, and
 # half of the time a power cut is simulated by zeroing every WAL byte after
 # the last position known to be flushed. After restart the acknowledged work
-# is checked against what the policy promises.
+# is checked against what the policy promises, db_forced's loss budget
+# (max_loss_bytes), and the crash report of lost delayed commits.
 #
 #   TORTURE_CYCLES=N   crash cycles (default 30; scripts/torture.sh --cycles N)
 #   TORTURE_SEED=S     replay a run (the seed is printed)
@@ -41,7 +42,9 @@ CREATE DATABASE db_allowed;
 CREATE DATABASE db_forced;
 ALTER DATABASE db_allowed SET delayed_durability.mode = 'allowed';
 ALTER DATABASE db_forced SET delayed_durability.mode = 'forced';
+ALTER DATABASE db_forced SET delayed_durability.max_loss_bytes = '32kB';
 });
+my $loss_budget = 32 * 1024;
 for my $db ('postgres', 'db_allowed', 'db_forced')
 {
 	$node->safe_psql($db, q{
@@ -67,13 +70,16 @@ sub txn_sql
 
 # A value handed out implies its block's recovery value was flushed; the
 # flush position read after the call tells the harness so.
-my $seq_sql = "SELECT 'seq ' || cached_nextval('torture_seq') || ' ' || pg_current_wal_flush_lsn();\n";
+# The commit of that statement (delayed in db_forced) is acknowledged too:
+# its receipt goes to the harness for the comparison with the crash report.
+my $seq_sql = "SELECT 'seq ' || cached_nextval('torture_seq') || ' ' || pg_current_wal_flush_lsn();\n"
+  . "SELECT 'receipt ' || last_commit_lsn();\n";
 
 # A client's script: many transactions, each followed by an acknowledgement
 # line printed only once COMMIT returned. Durable acks carry the flush
 # position read right after the commit (>= its commit record, <= the real
 # flush position); delayed acks carry the insert position after the commit
-# (>= its commit record end).
+# (>= its commit record end) and the receipt, the end of its commit record.
 sub client_script
 {
 	my ($cycle, $client, $db) = @_;
@@ -106,7 +112,7 @@ sub client_script
 			my $delayed = $dice < 0.7;
 			$s .= txn_sql($client, $txn, $delayed)
 			  . ($delayed
-				? "SELECT 'ack delayed $txn ' || pg_current_wal_insert_lsn();\n"
+				? "SELECT 'ack delayed $txn ' || pg_current_wal_insert_lsn() || ' ' || last_commit_lsn();\n"
 				: "SELECT 'ack durable $txn ' || pg_current_wal_flush_lsn();\n");
 		}
 		else
@@ -121,7 +127,8 @@ sub client_script
 			}
 			else
 			{
-				$s .= txn_sql($client, $txn, 0) . "SELECT 'ack delayed $txn ' || pg_current_wal_insert_lsn();\n";
+				$s .= txn_sql($client, $txn, 0)
+				  . "SELECT 'ack delayed $txn ' || pg_current_wal_insert_lsn() || ' ' || last_commit_lsn();\n";
 			}
 		}
 	}
@@ -131,6 +138,7 @@ sub client_script
 my (%durable, %delayed, %prepared, %seq_seen, %acks_of_kind);
 my ($durable_lost, $delayed_lost, $delayed_total, $max_lost_distance, $bound_violations) = (0, 0, 0, 0, 0);
 my $seq_dups = 0;
+my ($report_mismatches, $budget_violations, $reported_total, $budget_checked) = (0, 0, 0, 0);
 my $cuts_behind_acks = 0;    # power cuts that removed acknowledged WAL the buffer had to restore
 # What psql says when the server is killed under it (a backend that notices
 # the postmaster's death first says so itself).
@@ -192,7 +200,7 @@ for my $cycle (1 .. $cycles)
 	}
 
 	# What the clients were told.
-	my ($known_flushed, @cycle_delayed) = ($cycle_start_flush);
+	my ($known_flushed, @cycle_delayed, %receipts) = ($cycle_start_flush);
 	for my $c (@clients)
 	{
 		my ($client, $db) = @$c;
@@ -211,9 +219,14 @@ for my $cycle (1 .. $cycles)
 				my $lsn = lsn_to_int($1);
 				$known_flushed = $lsn if $lsn > $known_flushed;
 			}
-			elsif (/^ack delayed (\d+) (\S+)$/)
+			elsif (/^ack delayed (\d+) (\S+) (\S+)$/)
 			{
-				push @cycle_delayed, [ "$db/$client/$1", lsn_to_int($2) ];
+				push @cycle_delayed, [ "$db/$client/$1", lsn_to_int($2), lsn_to_int($3) ];
+				$receipts{ lsn_to_int($3) } = "$db/$client/$1";
+			}
+			elsif (/^receipt (\S+)$/)
+			{
+				$receipts{ lsn_to_int($1) } //= "$db/$client/seq";
 			}
 			elsif (/^seq (\d+) (\S+)$/)
 			{
@@ -239,6 +252,28 @@ for my $cycle (1 .. $cycles)
 	}
 	$node->start;
 
+	# The crash report: one row per crash, exact, listing every acknowledged
+	# delayed commit past the end of the recovered WAL. It may list one more
+	# per client, whose acknowledgement the crash cut off before the client
+	# printed it.
+	$node->poll_query_until('postgres', "SELECT count(*) = $cycle FROM delayed_durability_crashes")
+	  or die "cycle $cycle: no crash report";
+	my ($recovered_end, $exact) = split /\|/, $node->safe_psql('postgres',
+		'SELECT recovered_end_lsn, exact FROM delayed_durability_crashes ORDER BY crash_recovered_at DESC LIMIT 1');
+	$recovered_end = lsn_to_int($recovered_end);
+	my %reported = map { lsn_to_int($_) => 1 } split /\n/, $node->safe_psql('postgres',
+		'SELECT commit_lsn FROM delayed_durability_lost_commits WHERE crash_recovered_at = (SELECT max(crash_recovered_at) FROM delayed_durability_crashes)');
+	$reported_total += keys %reported;
+	my @unreported = grep { $_ > $recovered_end && !$reported{$_} } keys %receipts;
+	my @unknown_to_clients = grep { !$receipts{$_} } keys %reported;
+	my @wrongly_reported = grep { $_ <= $recovered_end } keys %reported;
+	if ($exact ne 't' || @unreported || @wrongly_reported || @unknown_to_clients > @clients)
+	{
+		$report_mismatches++;
+		diag("cycle $cycle: crash report exact=$exact, " . scalar(@unreported) . ' lost commits not reported, '
+			  . scalar(@wrongly_reported) . ' reported but recovered, ' . scalar(@unknown_to_clients) . ' unknown to the clients');
+	}
+
 	# Atomicity: every transaction is all there or absent, checksum intact.
 	my %present;
 	for my $db ('postgres', 'db_allowed', 'db_forced')
@@ -259,8 +294,30 @@ SELECT count(*) FROM checks c
 	}
 	for my $d (@cycle_delayed)
 	{
-		my ($k, $lsn) = @$d;
+		my ($k, $lsn, $commit_end) = @$d;
 		$delayed_total++;
+		# The receipt agrees with the table: recovered if and only if its
+		# commit record ends within the recovered WAL.
+		if (($commit_end <= $recovered_end) != !!$present{$k})
+		{
+			$report_mismatches++;
+			diag("cycle $cycle: delayed commit $k ending at $commit_end is " . ($present{$k} ? 'present' : 'absent')
+				  . " with the recovered WAL ending at $recovered_end");
+		}
+		# db_forced's loss budget: when the WAL was not cut (kill -9), all
+		# that was flushed at the crash was recovered, so a lost commit ends
+		# at most max_loss_bytes past the end of the recovered WAL. (A
+		# simulated power cut here cuts at the last flush the clients saw,
+		# which may be behind the real one.)
+		if (!$power_cut && !$present{$k} && $k =~ m{^db_forced/})
+		{
+			$budget_checked++;
+			if ($commit_end - $recovered_end > $loss_budget)
+			{
+				$budget_violations++;
+				diag("cycle $cycle: lost commit $k ends " . ($commit_end - $recovered_end) . ' bytes past the recovered WAL');
+			}
+		}
 		next if $present{$k};
 		$delayed_lost++;
 		if ($lsn <= $known_flushed)
@@ -306,6 +363,8 @@ SELECT count(*) FROM checks c
 is($durable_lost, 0, "no acknowledged durable commit lost in $cycles crashes");
 is($bound_violations, 0, 'no atomicity, checksum, amcheck or flush-bound violation');
 is($seq_dups, 0, 'cached_nextval never handed out a value twice (' . scalar(keys %seq_seen) . ' values)');
+is($report_mismatches, 0, "the crash report matched the clients' receipts in every cycle ($reported_total lost commits reported)");
+is($budget_violations, 0, "lost db_forced commits within max_loss_bytes of the recovered WAL ($budget_checked checked)");
 for my $kind ('durable', 'delayed', 'prepared', 'flush', 'seq')
 {
 	cmp_ok($acks_of_kind{$kind} // 0, '>=', $cycles, "$kind acknowledgements parsed (at least one per cycle on average)");
