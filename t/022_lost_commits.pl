@@ -202,5 +202,41 @@ is($node->safe_psql('postgres', 'SELECT (SELECT count(*) FROM delayed_durability
 	'0', 'reset empties the report');
 $node->restart;
 is($node->safe_psql('postgres', 'SELECT count(*) FROM delayed_durability_crashes'), '0', 'and it stays empty');
+$node->stop;
+
+# ---- with the persistent WAL buffer on persistent memory the record lives
+# next to it and survives an operating-system restart: the report stays
+# exact. (libpmem is told the file is persistent memory; the file system is
+# a disk one, as a DAX mount would be.)
+my $pmem_dir = PostgreSQL::Test::Utils::tempdir('pmem');
+my $buffer = "$pmem_dir/wal.buf";
+{
+	local $ENV{PMEM_IS_PMEM_FORCE} = '1';
+	my $pm = new_dd_node('lost_pmem', conf => "delayed_durability.wal_buffer_path = '$buffer'\n");
+	ok(-f "$buffer.commits", 'the record is next to the WAL buffer');
+	ok(!-e $pm->data_dir . '/delayed_durability/commits', 'not in the data directory');
+	ok($pm->log_contains(qr/acknowledged delayed commits are recorded on persistent memory in "\Q$buffer.commits\E"/),
+		'the server says where');
+	$pm->safe_psql('postgres', q{ALTER DATABASE postgres SET delayed_durability.mode = 'forced'; CREATE TABLE acked (xid xid8, n int)});
+	$pm->safe_psql('postgres', 'SELECT flush_log()');
+	my @pm_acked = split /\n/, $pm->safe_psql('postgres',
+		join('', map { "INSERT INTO acked SELECT pg_current_xact_id(), $_ RETURNING xid;\n" } 1 .. 5));
+	my $flushed_at = lsn_to_int($pm->safe_psql('postgres', 'SELECT pg_current_wal_flush_lsn()'));
+	my $pm_since = $pm->safe_psql('postgres', 'SELECT clock_timestamp()');
+	kill_everything($pm);
+	open my $bh, '+<:raw', "$buffer.commits" or die $!;
+	seek $bh, 32, 0;
+	print $bh 'another-boot-' . ('0' x 27);
+	close $bh;
+	$pm->start;
+	$pm->poll_query_until('postgres', "SELECT count(*) > 0 FROM delayed_durability_crashes WHERE crash_recovered_at > '$pm_since'")
+	  or die 'no crash report';
+	like($pm->safe_psql('postgres', "SELECT lost_commits IS NOT NULL, exact FROM delayed_durability_crashes WHERE crash_recovered_at > '$pm_since'"),
+		qr/^t\|t$/, 'after a simulated operating-system restart the report on persistent memory is exact');
+	my %pm_present = map { $_ => 1 } split /\n/, $pm->safe_psql('postgres', 'SELECT xid FROM acked');
+	is_deeply([ split /\n/, $pm->safe_psql('postgres', "SELECT xid FROM delayed_durability_lost_commits ORDER BY commit_lsn") ],
+		[ grep { !$pm_present{$_} } @pm_acked ], '... and lists exactly the absent ones');
+	$pm->stop;
+}
 
 done_testing();

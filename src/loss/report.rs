@@ -1,7 +1,9 @@
 //! The report of acknowledged delayed commits lost in a crash.
 //!
 //! Files under `delayed_durability/` in the data directory:
-//! - `commits`: the ring (ring.rs), mapped by the postmaster.
+//! - `commits`: the ring (ring.rs), mapped by the postmaster; next to the
+//!   persistent WAL buffer instead (`<wal_buffer_path>.commits`) when that
+//!   is on persistent memory, so that it survives a machine crash too.
 //! - `pending`: what the ring held when a crash was found, written by the
 //!   postmaster before the startup process replays WAL.
 //! - `lost`: the report, appended once recovery finished: every pending
@@ -134,30 +136,57 @@ pub fn open_ring_after_startup_or_crash(current: Option<Ring>) -> Option<Ring> {
     }
 }
 
+/// The ring's file: on persistent memory next to the WAL buffer when there
+/// is one, in the data directory otherwise.
+fn ring_paths() -> (CString, Option<CString>) {
+    let in_data_dir = CString::new(RING_FILE).unwrap();
+    match crate::walbuf::persistent_memory_sibling(".commits") {
+        Some(pmem_path) => (pmem_path, Some(in_data_dir)),
+        None => (in_data_dir, None),
+    }
+}
+
+fn map_existing(path: &CString) -> Result<Option<Ring>, String> {
+    let shown = path.to_string_lossy();
+    if !Path::new(&*shown).exists() {
+        return Ok(None);
+    }
+    let map = pmem::map(path, None).map_err(|e| format!("could not map \"{shown}\": {e}"))?;
+    let ring = Ring::new(map);
+    if ring.is_none() {
+        pgrx::warning!("delayed_durability: \"{shown}\" is not a record of acknowledged commits; it is replaced");
+        map.unmap();
+    }
+    Ok(ring)
+}
+
 fn open(current: Option<Ring>) -> Result<Ring, String> {
     std::fs::create_dir_all(DIR).map_err(|e| format!("could not create directory \"{DIR}\": {e}"))?;
     let control = read_control_file()?;
     let boot_id = current_boot_id();
     let capacity = LOST_COMMITS_RING_SIZE.get() as u32;
-    let path = CString::new(RING_FILE).unwrap();
+    let (path, other_place) = ring_paths();
+    let on_persistent_memory = other_place.is_some();
+    let shown = path.to_string_lossy().into_owned();
     let crash_restart = current.is_some();
     let previous = match current {
         Some(ring) => Some(ring),
-        None if Path::new(RING_FILE).exists() => {
-            let map = pmem::map(&path, None).map_err(|e| format!("could not map \"{RING_FILE}\": {e}"))?;
-            let ring = Ring::new(map);
-            if ring.is_none() {
-                pgrx::warning!("delayed_durability: \"{RING_FILE}\" is not a record of acknowledged commits; it is replaced");
-                map.unmap();
-            }
-            ring
-        }
-        None => None,
+        None => map_existing(&path)?,
     };
     if let Some(prev) = previous {
         if crash_restart || !control.clean_shutdown {
             note_crash(&prev, &control, &boot_id, crash_restart)?;
         }
+    }
+    // A record left in the data directory by a run without the buffer.
+    if let (false, Some(other)) = (crash_restart, other_place) {
+        if let Some(old) = map_existing(&other)? {
+            if !control.clean_shutdown {
+                note_crash(&old, &control, &boot_id, false)?;
+            }
+            old.mapping().unmap();
+        }
+        let _ = std::fs::remove_file(other.to_string_lossy().as_ref());
     }
     let map = match previous {
         Some(prev) if prev.capacity() == capacity => prev.mapping(),
@@ -165,10 +194,15 @@ fn open(current: Option<Ring>) -> Result<Ring, String> {
             if let Some(prev) = other {
                 prev.mapping().unmap();
             }
-            pmem::map(&path, Some(ring::file_len(capacity))).map_err(|e| format!("could not map \"{RING_FILE}\": {e}"))?
+            pmem::map(&path, Some(ring::file_len(capacity))).map_err(|e| format!("could not map \"{shown}\": {e}"))?
         }
     };
-    Ring::format(map, capacity, control.system_id, boot_id).map_err(|e| format!("could not write \"{RING_FILE}\": {e}"))
+    let ring =
+        Ring::format(map, capacity, control.system_id, boot_id, on_persistent_memory).map_err(|e| format!("could not write \"{shown}\": {e}"))?;
+    if !crash_restart && on_persistent_memory {
+        pgrx::log!("delayed_durability: acknowledged delayed commits are recorded on persistent memory in \"{shown}\"");
+    }
+    Ok(ring)
 }
 
 fn note_crash(prev: &Ring, control: &Control, boot_id: &[u8; ring::BOOT_ID_LEN], crash_restart: bool) -> Result<(), String> {

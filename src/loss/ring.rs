@@ -129,7 +129,15 @@ impl Ring {
 
     /// Writes an empty ring of `capacity` entries over the whole mapping
     /// (postmaster only, no other process attached).
-    pub fn format(map: Mapping, capacity: u32, system_id: u64, boot_id: [u8; BOOT_ID_LEN]) -> Result<Ring, String> {
+    /// `persistent`: the file is on persistent memory, and every entry is
+    /// flushed from the CPU caches as it is written.
+    pub fn format(
+        map: Mapping,
+        capacity: u32,
+        system_id: u64,
+        boot_id: [u8; BOOT_ID_LEN],
+        persistent: bool,
+    ) -> Result<Ring, String> {
         assert!(map.len >= file_len(capacity));
         // SAFETY: the postmaster owns the mapping alone at this point.
         unsafe {
@@ -138,7 +146,7 @@ impl Ring {
             h.version = VERSION;
             h.capacity = capacity;
             h.system_id = system_id;
-            h.persistent = map.is_pmem as u32;
+            h.persistent = (persistent && map.is_pmem) as u32;
             h.boot_id = boot_id;
             // The magic last: a half-formatted file is no ring.
             std::ptr::write_volatile(&mut h.magic, MAGIC);
@@ -214,7 +222,7 @@ impl Ring {
         e.fxid.store(acked.fxid, Ordering::Relaxed);
         e.datid.store(acked.datid, Ordering::Relaxed);
         e.seq.store(claim + 1, Ordering::Release);
-        if self.map.is_pmem {
+        if self.header().persistent != 0 {
             let offset = e as *const Entry as usize - self.map.addr as usize;
             // On persistent memory a cache-line flush; cannot fail there.
             let _ = self.map.persist(offset, std::mem::size_of::<Entry>());

@@ -88,6 +88,23 @@ pub fn active() -> bool {
     ACTIVE.load(Ordering::Relaxed)
 }
 
+/// A file next to the buffer, `<wal_buffer_path><suffix>`, when the buffer
+/// is in use on real persistent memory (stores made durable by cache
+/// flushes) and not on a file system that forgets its files at a reboot.
+/// For other records that must survive a machine crash (postmaster only,
+/// after the buffer started).
+pub fn persistent_memory_sibling(suffix: &str) -> Option<CString> {
+    let (map, path) = (GLOBAL.map.get()?, GLOBAL.path.get()?);
+    if !active() || !map.is_pmem {
+        return None;
+    }
+    let path = path.to_str().ok()?;
+    if !matches!(file::volatile_file_system(std::path::Path::new(path)), Ok(None)) {
+        return None;
+    }
+    CString::new(format!("{path}{suffix}")).ok()
+}
+
 fn segment_size() -> u64 {
     // SAFETY: set from pg_control in the postmaster before shared memory exists.
     unsafe { pg_sys::wal_segment_size as u64 }
