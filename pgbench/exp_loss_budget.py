@@ -22,7 +22,7 @@ import shutil
 import statistics
 import time
 
-from harness import Unavailable, wal_sync_total
+from harness import Unavailable
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -71,27 +71,36 @@ WORKLOADS = ("server loop", "pgbench, 1 client", "pgbench, 4 clients")
 
 # One session per loop run: the clock around the CALL only, this session's
 # WAL fsyncs (pg_stat_wal.wal_sync, statistics forced out before reading, as
-# in harness.measure) and the database's budget flushes around it; the
-# commits are the rows the loop inserted into the emptied t1.
+# in harness.measure), the database's budget flushes and the WAL written
+# around it; the commits are the rows the loop inserted into the emptied t1.
 LOOP_TEMPLATE = """
 TRUNCATE t1;
 SELECT pg_stat_force_next_flush();
 SELECT wal_sync AS s0 FROM pg_stat_wal \\gset
 SELECT commits_budget_flushed AS b0 FROM delayed_durability_stats WHERE datname = current_database() \\gset
+SELECT pg_current_wal_insert_lsn() AS l0 \\gset
 SELECT clock_timestamp() AS t0 \\gset
 CALL loss_budget_loop({secs});
 SELECT extract(epoch FROM clock_timestamp() - :'t0') AS secs \\gset
+SELECT pg_current_wal_insert_lsn() - :'l0' AS wal \\gset
 SELECT pg_stat_force_next_flush();
 SELECT 'result ' || :secs || ' ' || (SELECT count(*) FROM t1)
        || ' ' || (SELECT wal_sync - :s0 FROM pg_stat_wal)
        || ' ' || (SELECT commits_budget_flushed - :b0 FROM delayed_durability_stats
-                   WHERE datname = current_database());
+                   WHERE datname = current_database())
+       || ' ' || :wal;
 """
 
 
-def budget_flushed_total(c):
-    return int(c.value("SELECT commits_budget_flushed FROM delayed_durability_stats "
-                       "WHERE datname = current_database()"))
+def counters(c):
+    """(WAL fsyncs, budget flushes in this database, WAL insert position in
+    bytes), statistics forced out first as in harness.wal_sync_total."""
+    out = c.value("SELECT pg_stat_force_next_flush();\n"
+                  "SELECT (SELECT wal_sync FROM pg_stat_wal) || ' ' || "
+                  "(SELECT commits_budget_flushed FROM delayed_durability_stats WHERE datname = current_database()) "
+                  "|| ' ' || (pg_current_wal_insert_lsn() - '0/0');")
+    s, b, lsn = out.split()
+    return int(s), int(b), int(float(lsn))
 
 
 def check_available(c):
@@ -221,18 +230,19 @@ def exp7_loss_budget(c, scale, log):
                 log(f"exp 7: round {r + 1}/{rounds}: {label}: server loop {loop_secs} s, pgbench 1 and 4 clients "
                     f"{bench_secs} s")
                 out = c.psql(LOOP_TEMPLATE.format(secs=loop_secs))
-                _, secs, commits, syncs, budget = out[-1].split()
+                _, secs, commits, syncs, budget, wal = out[-1].split()
                 secs, commits = float(secs), int(commits)
                 runs[("server loop", label)].append(dict(
                     commits=commits, seconds=secs, tput=commits / max(secs, 1e-9),
-                    flushes=int(syncs), budget_flushed=int(budget)))
+                    flushes=int(syncs), budget_flushed=int(budget), wal_bytes=int(float(wal))))
                 for clients, workload in ((1, "pgbench, 1 client"), (4, "pgbench, 4 clients")):
-                    s0, b0 = wal_sync_total(c), budget_flushed_total(c)
+                    s0, b0, l0 = counters(c)
                     tps, done = c.pgbench(script, clients, seconds=bench_secs)
                     time.sleep(0.1)  # the clients' backends publish their WAL statistics as they exit
-                    s1, b1 = wal_sync_total(c), budget_flushed_total(c)
+                    s1, b1, l1 = counters(c)
                     runs[(workload, label)].append(dict(
-                        commits=done, seconds=bench_secs, tput=tps, flushes=s1 - s0, budget_flushed=b1 - b0))
+                        commits=done, seconds=bench_secs, tput=tps, flushes=s1 - s0, budget_flushed=b1 - b0,
+                        wal_bytes=l1 - l0))
     finally:
         reset_settings(c)
 
@@ -250,9 +260,10 @@ def exp7_loss_budget(c, scale, log):
                 workload=workload, variant=label,
                 commits_per_second=round(statistics.median(x["tput"] for x in rs)),
                 ratio_to_unbounded=f"{med:.3f}",
-                ratio_interval=fmt_interval(lo, hi, cov),
+                ratio_interval="baseline" if label == BASELINE else fmt_interval(lo, hi, cov),
                 budget_flushes_per_commit=fmt_rate(sum(x["budget_flushed"] for x in rs) / max(commits, 1)),
                 wal_flushes_per_commit=fmt_rate(sum(x["flushes"] for x in rs) / max(commits, 1)),
+                wal_bytes_per_commit=round(sum(x["wal_bytes"] for x in rs) / max(commits, 1)),
                 commits=commits))
 
     cov_text = ("one round: no interval" if rounds < 2 else
@@ -290,6 +301,24 @@ def exp7_loss_budget(c, scale, log):
             med, lo, hi, cov = summary[(workload, label)]
             parts.append(f"{workload} {med:.3f}x [{fmt_interval(lo, hi, cov)}]: {verdict(goal, med, lo, hi)}")
         notes.append(f"Goal: {text} ('{label}' / '{BASELINE}' >= {goal}): " + "; ".join(parts) + ".")
+    # How far apart the budgets' flushes came: a byte budget met exactly
+    # flushes once per budget of WAL, a time budget once per interval.
+    spacing = []
+    for label, unit in (("ring on, max_loss_bytes 64kB", "bytes"), ("ring on, max_loss_bytes 1MB", "bytes"),
+                        ("ring on, max_loss_time 10ms", "time"), ("ring on, max_loss_time 100ms", "time")):
+        parts = []
+        for workload in WORKLOADS:
+            rs = runs[(workload, label)]
+            flushes = sum(x["flushes"] for x in rs)
+            if not flushes:
+                parts.append(f"{workload} no flush")
+            elif unit == "bytes":
+                parts.append(f"{workload} {sum(x['wal_bytes'] for x in rs) / flushes / 1024:.0f} kB")
+            else:
+                parts.append(f"{workload} {sum(x['seconds'] for x in rs) * 1000 / flushes:.1f} ms")
+        spacing.append(f"{label.split()[-1]}: " + ", ".join(parts))
+    notes.append("WAL written per WAL flush (byte budgets) and time per WAL flush (time budgets), WAL writer "
+                 "flushes included: " + "; ".join(spacing) + ".")
     # What looks wrong or surprising, stated rather than hidden.
     for workload in WORKLOADS:
         hit = sum(x["budget_flushed"] for x in runs[(workload, NEVER_HIT)])
@@ -320,7 +349,7 @@ def exp7_loss_budget(c, scale, log):
                 for v in VARIANTS]
     return dict(title="7. Loss budget: throughput between durable and delayed",
                 columns=["workload", "variant", "commits_per_second", "ratio_to_unbounded", "ratio_interval",
-                         "budget_flushes_per_commit", "wal_flushes_per_commit", "commits"],
+                         "budget_flushes_per_commit", "wal_flushes_per_commit", "wal_bytes_per_commit", "commits"],
                 rows=rows, notes=notes,
                 extra_tables=[("Variants", ["variant", "mode", "track_lost_commits", "max_loss_bytes",
                                             "max_loss_time"], settings)],
@@ -354,7 +383,7 @@ def draw_chart(result, path):
         points += [(v[0], v[5][1]) for v in VARIANTS if v[5] and v[5][0] == axis]
         points += [(RING_ON, "unbounded")]
         xs = list(range(len(points)))
-        for workload, color in zip(WORKLOADS, ("#4477aa", "#cc6677", "#228833")):
+        for n, (workload, color) in enumerate(zip(WORKLOADS, ("#4477aa", "#cc6677", "#228833"))):
             ys, lows, highs = [], [], []
             for label, _ in points:
                 row = by[(workload, label)]
@@ -363,7 +392,8 @@ def draw_chart(result, path):
                 ys.append(y)
                 lows.append(max(y - iv[0], 0))
                 highs.append(max(iv[1] - y, 0))
-            ax.errorbar(xs, ys, yerr=[lows, highs], marker="o", capsize=3, color=color, label=workload)
+            shifted = [x + (n - 1) * 0.06 for x in xs]  # so that the interval bars do not hide each other
+            ax.errorbar(shifted, ys, yerr=[lows, highs], marker="o", capsize=3, color=color, label=workload)
         ax.axhline(1.0, color="grey", linestyle=":", linewidth=1)
         ax.axhline(0.9, color="grey", linestyle="--", linewidth=0.8)
         ax.set_xticks(xs, [p[1] for p in points])

@@ -26,6 +26,15 @@ SELECT is_durable(:'receipt') AS durable_after_flush_log,
        wait_durable(:'receipt') AS wait_returns_at_once,
        wait_durable(:'receipt', interval '0') AS even_without_time;
 
+-- pg_current_wal_insert_lsn() right after a segment switch points past the
+-- next page header: accepted, and it means the boundary.
+INSERT INTO r VALUES (10);
+SELECT pg_switch_wal() IS NOT NULL AS switched;
+SELECT pg_current_wal_insert_lsn() AS at_boundary \gset
+SELECT flush_log() IS NOT NULL AS flushed;
+SELECT is_durable(:'at_boundary') AS boundary_durable,
+       wait_durable(:'at_boundary', interval '1s') AS boundary_waited;
+
 -- NULL in, NULL out; invalid and future positions are errors with a hint.
 SELECT is_durable(NULL) IS NULL AS null_is_durable, wait_durable(NULL) IS NULL AS null_wait;
 SELECT wait_durable(:'receipt', NULL) AS null_timeout_waits_without_limit;

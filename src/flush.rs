@@ -19,7 +19,19 @@ const LONG_PAGE_HEADER: u64 = maxalign(std::mem::size_of::<pg_sys::XLogLongPageH
 /// so step back to the boundary, as XLogBytePosToEndRecPtr does.
 pub(crate) fn insert_end() -> u64 {
     // SAFETY: reads shared WAL insert state under PostgreSQL's own spinlock.
-    let pos = unsafe { pg_sys::GetXLogInsertRecPtr() };
+    back_off_page_header(unsafe { pg_sys::GetXLogInsertRecPtr() })
+}
+
+/// Where the next record would start, as PostgreSQL reports it (past the
+/// page header at a page or segment boundary).
+pub(crate) fn next_record_start() -> u64 {
+    // SAFETY: reads shared WAL insert state under PostgreSQL's own spinlock.
+    unsafe { pg_sys::GetXLogInsertRecPtr() }
+}
+
+/// A position just past a page (or segment) header means the boundary
+/// before it: no WAL byte lies in between.
+pub(crate) fn back_off_page_header(pos: u64) -> u64 {
     // SAFETY: wal_segment_size is set at startup and never changes.
     let segment_size = unsafe { pg_sys::wal_segment_size } as u64;
     if pos % segment_size == LONG_PAGE_HEADER {

@@ -6,7 +6,7 @@
 //! the transaction, pays for the flush, and every waiter shares the WAL
 //! writer's next one.
 
-use crate::flush::{flush_end, in_recovery, insert_end};
+use crate::flush::{back_off_page_header, flush_end, in_recovery, next_record_start};
 use pgrx::pg_sys;
 use pgrx::prelude::*;
 use std::cell::Cell;
@@ -33,8 +33,10 @@ fn error(code: PgSqlErrorCode, message: String, hint: &str) -> ! {
 }
 
 /// What is_durable() and wait_durable() accept: a position of this primary's
-/// WAL that was inserted already.
-fn check_position(function: &str, lsn: u64) {
+/// WAL that was inserted already (pg_current_wal_insert_lsn() included).
+/// Returns the WAL end it stands for: a position just past a page header
+/// means the page boundary.
+fn check_position(function: &str, lsn: u64) -> u64 {
     if in_recovery() {
         error(
             PgSqlErrorCode::ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
@@ -49,7 +51,7 @@ fn check_position(function: &str, lsn: u64) {
             "Pass a position returned by last_commit_lsn().",
         );
     }
-    let inserted = insert_end();
+    let inserted = next_record_start();
     if lsn > inserted {
         error(
             PgSqlErrorCode::ERRCODE_INVALID_PARAMETER_VALUE,
@@ -62,6 +64,7 @@ fn check_position(function: &str, lsn: u64) {
 a position taken on another server or before a restore means nothing here.",
         );
     }
+    back_off_page_header(lsn)
 }
 
 /// The end of the commit record of this session's last committed
@@ -89,8 +92,7 @@ CREATE FUNCTION is_durable(lsn pg_lsn) RETURNS boolean
 "#)]
 fn is_durable(lsn: i64) -> bool {
     crate::preload::require_preloaded();
-    check_position("is_durable", lsn as u64);
-    flush_end() >= lsn as u64
+    flush_end() >= check_position("is_durable", lsn as u64)
 }
 
 /// Longest sleep between two looks at the flush position. Nothing wakes a
@@ -109,8 +111,7 @@ CREATE FUNCTION wait_durable(lsn pg_lsn, timeout interval DEFAULT NULL) RETURNS 
 "#)]
 fn wait_durable(lsn: Option<i64>, timeout: Option<Interval>) -> Option<bool> {
     crate::preload::require_preloaded();
-    let lsn = lsn? as u64;
-    check_position("wait_durable", lsn);
+    let lsn = check_position("wait_durable", lsn? as u64);
     let deadline_us = timeout.map(|t| {
         let us = t.as_micros();
         if us < 0 {

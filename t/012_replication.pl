@@ -90,6 +90,9 @@ is($standby->safe_psql('postgres', 'SELECT insert_lsn = flush_lsn AND bytes_at_r
 	't', 'status on the standby reports the replay position');
 ($ret, $out, $err) = $standby->psql('postgres', 'SELECT flush_log()');
 like($err, qr/ERROR:  recovery is in progress/, 'flush_log() refused on the standby');
+($ret, $out, $err) = $standby->psql('postgres', "SELECT wait_durable('0/1000', interval '1s')");
+like($err, qr/ERROR:  recovery is in progress\nHINT:  wait_durable\(\) answers for the primary's own commits; on a standby, compare with pg_last_wal_replay_lsn\(\)\./,
+	'wait_durable() refused on the standby, with a hint');
 ($ret, $out, $err) = $standby->psql('postgres', "SELECT cached_nextval('s')");
 like($err, qr/cannot execute cached_nextval\(\) in a read-only transaction/, 'cached_nextval() refused on the standby');
 ok($standby->log_contains(qr/database system is ready to accept read-only connections/), 'standby started normally');

@@ -19,7 +19,7 @@ use crate::flush::flush_end;
 use pgrx::guc::{GucContext, GucFlags, GucRegistry, GucSetting};
 use pgrx::pg_sys;
 use pgrx::prelude::*;
-use ring::{Acked, Ring};
+use ring::Ring;
 use std::cell::Cell;
 
 /// In bytes; 0 = no byte budget.
@@ -117,43 +117,57 @@ pub fn acknowledge(commit_end: u64) -> bool {
     let max_time_us = MAX_LOSS_TIME.get() as i64 * 1000;
     let ring = ring();
     let record = ring.is_some() && (TRACK_LOST_COMMITS.get() || max_time_us > 0);
-    if max_bytes == 0 && max_time_us == 0 && !record {
+    if !record {
         if let Some(r) = ring {
             r.mark_incomplete();
         }
-        return false;
+        if max_bytes == 0 && max_time_us == 0 {
+            return false;
+        }
     }
     let flushed = flush_end();
     if commit_end <= flushed {
         return false; // someone flushed it already: nothing to lose
     }
-    let now = now();
-    let over_bytes = max_bytes > 0 && commit_end - flushed > max_bytes;
-    let over_time = !over_bytes
-        && max_time_us > 0
-        && match ring {
-            Some(r) => r.oldest_unflushed(flushed, now).is_some_and(|t| now - t >= max_time_us),
-            // No record of acknowledgements (the ring could not be opened):
-            // the age is unknown, so the budget can only be kept by flushing.
-            None => true,
-        };
-    if over_bytes || over_time {
-        // SAFETY: commit_end is the end of the commit record just written.
-        unsafe { pg_sys::XLogFlush(commit_end) };
-        return true;
+    if max_bytes > 0 && commit_end - flushed > max_bytes {
+        return flush_for_budget(commit_end);
     }
-    if let Some(r) = ring {
-        if record {
+    // Recorded before the time check, so that two commits in flight see
+    // each other: a later one finds this entry (or its claim, counted as
+    // acknowledged now) and stops there.
+    let recorded_at = match (ring, record) {
+        (Some(r), true) => {
             // SAFETY: backend-local transaction state, valid until the end
             // of the commit callbacks; MyDatabaseId is set once connected.
             let (fxid, datid) =
                 unsafe { (pg_sys::GetTopFullTransactionIdIfAny().value, pg_sys::MyDatabaseId.to_u32()) };
-            r.record(Acked { commit_end, ack_time: now, fxid, datid }, flush_end);
-        } else {
-            r.mark_incomplete();
+            Some(r.record(commit_end, fxid, datid, now, flush_end))
+        }
+        _ => None,
+    };
+    if max_time_us > 0 {
+        let over_time = match (ring, recorded_at) {
+            (Some(r), Some(t)) => r.oldest_unflushed(flushed, t).is_some_and(|oldest| t - oldest >= max_time_us),
+            // No record of acknowledgements (the ring could not be opened):
+            // the age is unknown, so the budget can only be kept by flushing.
+            _ => true,
+        };
+        if over_time {
+            return flush_for_budget(commit_end);
         }
     }
     false
+}
+
+/// Flushes everything inserted so far, not only up to this commit's record:
+/// the same fsync then also covers the commits of other sessions that
+/// crossed the budget at the same moment (each would otherwise flush again).
+fn flush_for_budget(commit_end: u64) -> bool {
+    let target = crate::flush::insert_end().max(commit_end);
+    // SAFETY: target was inserted (insert_end waits for nothing beyond
+    // what is reserved; XLogFlush waits for insertions in progress up to it).
+    unsafe { pg_sys::XLogFlush(target) };
+    true
 }
 
 /// How long ago the oldest acknowledged delayed commit whose WAL is not yet

@@ -40,6 +40,8 @@ enum Status {
     UnknownIncomplete,
     /// Another crash came before this one's record was compared.
     UnknownSecondCrash,
+    /// A slot was being replaced at the crash.
+    UnknownTorn,
 }
 
 impl Status {
@@ -49,6 +51,7 @@ impl Status {
             Status::UnknownRestart => "unknown-restart",
             Status::UnknownIncomplete => "unknown-incomplete",
             Status::UnknownSecondCrash => "unknown-second-crash",
+            Status::UnknownTorn => "unknown-torn",
         }
     }
 
@@ -57,6 +60,7 @@ impl Status {
             "exact" => Status::Exact,
             "unknown-restart" => Status::UnknownRestart,
             "unknown-incomplete" => Status::UnknownIncomplete,
+            "unknown-torn" => Status::UnknownTorn,
             _ => Status::UnknownSecondCrash,
         }
     }
@@ -72,6 +76,7 @@ impl Status {
                 "delayed commits were acknowledged while delayed_durability.track_lost_commits was off"
             }
             Status::UnknownSecondCrash => "another crash came before the record of this one was compared",
+            Status::UnknownTorn => "an entry of the record was being replaced at the crash",
         }
     }
 }
@@ -146,6 +151,10 @@ fn ring_paths() -> (CString, Option<CString>) {
     }
 }
 
+fn crash_restart_pending(current: &Option<Ring>) -> bool {
+    current.is_some()
+}
+
 fn map_existing(path: &CString) -> Result<Option<Ring>, String> {
     let shown = path.to_string_lossy();
     if !Path::new(&*shown).exists() {
@@ -161,8 +170,18 @@ fn map_existing(path: &CString) -> Result<Option<Ring>, String> {
 }
 
 fn open(current: Option<Ring>) -> Result<Ring, String> {
-    std::fs::create_dir_all(DIR).map_err(|e| format!("could not create directory \"{DIR}\": {e}"))?;
+    if !Path::new(DIR).exists() {
+        std::fs::create_dir_all(DIR).map_err(|e| format!("could not create directory \"{DIR}\": {e}"))?;
+        let _ = std::fs::File::open(".").and_then(|d| d.sync_all());
+    }
     let control = read_control_file()?;
+    if !crash_restart_pending(&current) && starts_from_backup_or_in_recovery() {
+        // A copy of another server's directory: what it was about to compare
+        // belongs to that server's WAL.
+        if std::fs::remove_file(PENDING_FILE).is_ok() {
+            let _ = sync_dir();
+        }
+    }
     let boot_id = current_boot_id();
     let capacity = LOST_COMMITS_RING_SIZE.get() as u32;
     let (path, other_place) = ring_paths();
@@ -173,21 +192,29 @@ fn open(current: Option<Ring>) -> Result<Ring, String> {
         Some(ring) => Some(ring),
         None => map_existing(&path)?,
     };
+    // A crash whose record cannot be kept is logged, and the server still
+    // gets a fresh ring: a stale one would be read again at the next crash.
+    let keep = |ring: &Ring, restart: bool| {
+        if let Err(e) = note_crash(ring, &control, &boot_id, restart) {
+            pgrx::warning!("delayed_durability: the acknowledged delayed commits of the crash cannot be compared: {e}");
+        }
+    };
     if let Some(prev) = previous {
         if crash_restart || !control.clean_shutdown {
-            note_crash(&prev, &control, &boot_id, crash_restart)?;
+            keep(&prev, crash_restart);
         }
     }
     // A record left in the data directory by a run without the buffer.
     if let (false, Some(other)) = (crash_restart, other_place) {
         if let Some(old) = map_existing(&other)? {
             if !control.clean_shutdown {
-                note_crash(&old, &control, &boot_id, false)?;
+                keep(&old, false);
             }
             old.mapping().unmap();
         }
         let _ = std::fs::remove_file(other.to_string_lossy().as_ref());
     }
+    let created = previous.is_none();
     let map = match previous {
         Some(prev) if prev.capacity() == capacity => prev.mapping(),
         other => {
@@ -197,12 +224,23 @@ fn open(current: Option<Ring>) -> Result<Ring, String> {
             pmem::map(&path, Some(ring::file_len(capacity))).map_err(|e| format!("could not map \"{shown}\": {e}"))?
         }
     };
-    let ring =
-        Ring::format(map, capacity, control.system_id, boot_id, on_persistent_memory).map_err(|e| format!("could not write \"{shown}\": {e}"))?;
+    let ring = Ring::format(map, capacity, control.system_id, boot_id, on_persistent_memory)
+        .map_err(|e| format!("could not write \"{shown}\": {e}"))?;
+    if created {
+        // The new file's directory entry, so that it is there after a machine crash.
+        let dir = Path::new(&shown).parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
+        let _ = std::fs::File::open(dir).and_then(|d| d.sync_all());
+    }
     if !crash_restart && on_persistent_memory {
         pgrx::log!("delayed_durability: acknowledged delayed commits are recorded on persistent memory in \"{shown}\"");
     }
     Ok(ring)
+}
+
+/// A base backup (pg_basebackup, pg_rewind) or a standby: its WAL is not
+/// the one the record was written against.
+fn starts_from_backup_or_in_recovery() -> bool {
+    ["backup_label", "standby.signal", "recovery.signal"].iter().any(|f| Path::new(f).exists())
 }
 
 fn note_crash(prev: &Ring, control: &Control, boot_id: &[u8; ring::BOOT_ID_LEN], crash_restart: bool) -> Result<(), String> {
@@ -210,17 +248,22 @@ fn note_crash(prev: &Ring, control: &Control, boot_id: &[u8; ring::BOOT_ID_LEN],
         pgrx::log!("delayed_durability: \"{RING_FILE}\" belongs to another cluster; not compared");
         return Ok(());
     }
-    if ["backup_label", "standby.signal", "recovery.signal"].iter().any(|f| Path::new(f).exists()) {
+    if starts_from_backup_or_in_recovery() {
         pgrx::log!(
             "delayed_durability: the server starts from a backup or in recovery mode; its record of acknowledged delayed commits is not compared"
         );
         return Ok(());
     }
     let snapshot = prev.snapshot();
-    let status = if !crash_restart && snapshot.boot_id != *boot_id && !snapshot.persistent {
+    // A boot id that could not be read proves nothing: treated as changed.
+    let no_boot_id = |id: &[u8; ring::BOOT_ID_LEN]| id.iter().all(|&b| b == 0);
+    let rebooted = snapshot.boot_id != *boot_id || no_boot_id(boot_id) || no_boot_id(&snapshot.boot_id);
+    let status = if !crash_restart && rebooted && !snapshot.persistent {
         Status::UnknownRestart
     } else if snapshot.incomplete {
         Status::UnknownIncomplete
+    } else if snapshot.torn {
+        Status::UnknownTorn
     } else {
         Status::Exact
     };
@@ -330,8 +373,11 @@ fn compare_pending() -> std::io::Result<()> {
         let mut status = crash.status;
         let mut why = status.why_unknown().to_string();
         if recovered_end == 0 {
+            // The server was stopped cleanly and started again before the
+            // comparison could run (no worker slot, say): no crash recovery
+            // to compare with, and new WAL may reuse the positions.
             status = Status::UnknownSecondCrash;
-            why = "the end of the recovered WAL is not known".into();
+            why = "the server restarted before the comparison could run".into();
         }
         let exact = status == Status::Exact && summarized_may_be_lost == 0;
         let detail = if status != Status::Exact {
@@ -387,9 +433,16 @@ fn compare_pending() -> std::io::Result<()> {
         }
     }
     if !out.is_empty() {
-        let mut f = std::fs::OpenOptions::new().create(true).append(true).open(REPORT_FILE)?;
-        f.write_all(out.as_bytes())?;
+        // The whole report is rewritten and renamed into place: a crash in
+        // between leaves the old report and the pending record, never half
+        // a crash.
+        let mut text = std::fs::read_to_string(REPORT_FILE).unwrap_or_default();
+        text.push_str(&out);
+        let tmp = format!("{REPORT_FILE}.tmp");
+        let mut f = std::fs::File::create(&tmp)?;
+        f.write_all(text.as_bytes())?;
         f.sync_all()?;
+        std::fs::rename(&tmp, REPORT_FILE)?;
     }
     std::fs::remove_file(PENDING_FILE)?;
     sync_dir()

@@ -89,6 +89,9 @@ pub fn file_len(capacity: u32) -> usize {
 #[derive(Debug)]
 pub struct Snapshot {
     pub entries: Vec<Acked>,
+    /// A slot was being written at the crash after the ring had lapped:
+    /// the entry it replaced may be missing from the record.
+    pub torn: bool,
     pub summary: Summary,
     pub incomplete: bool,
     pub boot_id: [u8; BOOT_ID_LEN],
@@ -180,8 +183,11 @@ impl Ring {
                 datid: e.datid.load(Ordering::Relaxed),
             })
             .collect();
+        let lapped = h.next_claim.0.load(Ordering::Relaxed) > self.capacity;
+        let torn = lapped && (0..self.capacity).any(|i| self.entry(i).seq.load(Ordering::Relaxed) == WRITING);
         Snapshot {
             entries,
+            torn,
             summary: self.summary(),
             incomplete: h.incomplete.load(Ordering::Relaxed) != 0,
             boot_id: h.boot_id,
@@ -189,43 +195,67 @@ impl Ring {
         }
     }
 
-    /// Records an acknowledged delayed commit. `flushed` reads the WAL flush
+    /// Records an acknowledged delayed commit and returns its
+    /// acknowledgement time, read from `now` once the slot is claimed (so
+    /// that claim order and time order agree). `flushed` reads the WAL flush
     /// position; it is called only when an older entry is lapped.
-    pub fn record(&self, acked: Acked, flushed: impl Fn() -> u64) {
+    pub fn record(
+        &self,
+        commit_end: u64,
+        fxid: u64,
+        datid: u32,
+        now: impl Fn() -> i64,
+        flushed: impl Fn() -> u64,
+    ) -> i64 {
         let h = self.header();
         let claim = h.next_claim.0.fetch_add(1, Ordering::AcqRel);
         let e = self.entry(claim);
         let old = e.seq.load(Ordering::Acquire);
         // A writer of a later lap got here first, or one of an earlier lap
         // is still writing (the ring lapped during its write): summarize.
-        if old == WRITING
-            || (old != 0 && old - 1 > claim)
-            || e.seq.compare_exchange(old, WRITING, Ordering::AcqRel, Ordering::Acquire).is_err()
-        {
-            self.summarize(acked, flushed());
-            return;
+        if old == WRITING || (old != 0 && old - 1 > claim) {
+            let t = now();
+            self.summarize(Acked { commit_end, ack_time: t, fxid, datid }, flushed());
+            return t;
         }
         if old != 0 {
-            let lapped = Acked {
-                commit_end: e.commit_end.load(Ordering::Relaxed),
-                ack_time: e.ack_time.load(Ordering::Relaxed),
-                fxid: 0,
-                datid: 0,
-            };
-            let f = flushed();
-            if lapped.commit_end > f {
-                self.summarize(lapped, f);
+            // The lapped entry goes into the summary before its slot is
+            // taken: a writer killed in between leaves it counted twice
+            // (an overstated "up to"), never lost.
+            let lapped_end = e.commit_end.load(Ordering::Relaxed);
+            let lapped_time = e.ack_time.load(Ordering::Relaxed);
+            fence(Ordering::Acquire);
+            if e.seq.load(Ordering::Relaxed) == old {
+                let f = flushed();
+                if lapped_end > f {
+                    self.summarize(Acked { commit_end: lapped_end, ack_time: lapped_time, fxid: 0, datid: 0 }, f);
+                }
             }
         }
-        e.commit_end.store(acked.commit_end, Ordering::Relaxed);
-        e.ack_time.store(acked.ack_time, Ordering::Relaxed);
-        e.fxid.store(acked.fxid, Ordering::Relaxed);
-        e.datid.store(acked.datid, Ordering::Relaxed);
+        if e.seq.compare_exchange(old, WRITING, Ordering::AcqRel, Ordering::Acquire).is_err() {
+            let t = now();
+            self.summarize(Acked { commit_end, ack_time: t, fxid, datid }, flushed());
+            return t;
+        }
+        let t = now();
+        e.commit_end.store(commit_end, Ordering::Relaxed);
+        e.ack_time.store(t, Ordering::Relaxed);
+        e.fxid.store(fxid, Ordering::Relaxed);
+        e.datid.store(datid, Ordering::Relaxed);
         e.seq.store(claim + 1, Ordering::Release);
         if self.header().persistent != 0 {
             let offset = e as *const Entry as usize - self.map.addr as usize;
             // On persistent memory a cache-line flush; cannot fail there.
             let _ = self.map.persist(offset, std::mem::size_of::<Entry>());
+        }
+        t
+    }
+
+    /// On persistent memory, flushes a header field from the CPU caches.
+    fn persist_header_field<T>(&self, field: &T) {
+        if self.header().persistent != 0 {
+            let offset = field as *const T as usize - self.map.addr as usize;
+            let _ = self.map.persist(offset, std::mem::size_of::<T>());
         }
     }
 
@@ -235,15 +265,21 @@ impl Ring {
         let flag = &self.header().incomplete;
         if flag.load(Ordering::Relaxed) == 0 {
             flag.store(1, Ordering::Relaxed);
+            self.persist_header_field(flag);
         }
     }
 
+    /// Writers of the summary (ring overflow only) serialize on a spin lock
+    /// in the ring. Its holder can only die by a crash, and the postmaster
+    /// then formats the ring without ever taking the lock; readers do not
+    /// take it.
     fn with_summary_lock<T>(&self, f: impl FnOnce(&SharedSummary) -> T) -> T {
         let s = &self.header().summary;
         while s.lock.compare_exchange_weak(0, 1, Ordering::Acquire, Ordering::Relaxed).is_err() {
             std::hint::spin_loop();
         }
         let result = f(s);
+        self.persist_header_field(s);
         s.lock.store(0, Ordering::Release);
         result
     }
@@ -269,14 +305,18 @@ impl Ring {
         });
     }
 
+    /// The summary as it stands, read without the lock: field by field
+    /// consistent only when nobody writes (the postmaster after a crash);
+    /// good enough for the time budget's age estimate otherwise.
     pub fn summary(&self) -> Summary {
-        self.with_summary_lock(|s| Summary {
-            count: s.count.load(Ordering::Relaxed),
+        let s = &self.header().summary;
+        Summary {
+            count: s.count.load(Ordering::Acquire),
             min_end: s.min_end.load(Ordering::Relaxed),
             max_end: s.max_end.load(Ordering::Relaxed),
             min_time: s.min_time.load(Ordering::Relaxed),
             max_time: s.max_time.load(Ordering::Relaxed),
-        })
+        }
     }
 
     /// When the oldest acknowledged commit whose WAL is not flushed up to
@@ -346,8 +386,10 @@ mod tests {
         }
     }
 
-    fn acked(end: u64, time: i64) -> Acked {
-        Acked { commit_end: end, ack_time: time, fxid: end, datid: 5 }
+    impl Ring {
+        fn record_at(&self, end: u64, time: i64, flushed: u64) {
+            self.record(end, end, 5, || time, || flushed);
+        }
     }
 
     #[test]
@@ -361,9 +403,9 @@ mod tests {
     fn oldest_unflushed_follows_the_flush_position() {
         let (ring, _m) = anonymous(8);
         assert_eq!(ring.oldest_unflushed(0, 99), None);
-        ring.record(acked(100, 1), || 0);
-        ring.record(acked(200, 2), || 0);
-        ring.record(acked(300, 3), || 0);
+        ring.record_at(100, 1, 0);
+        ring.record_at(200, 2, 0);
+        ring.record_at(300, 3, 0);
         assert_eq!(ring.oldest_unflushed(0, 99), Some(1));
         assert_eq!(ring.oldest_unflushed(100, 99), Some(2));
         assert_eq!(ring.oldest_unflushed(300, 99), None);
@@ -374,7 +416,7 @@ mod tests {
     fn lapped_unflushed_entries_are_summarized() {
         let (ring, _m) = anonymous(4);
         for i in 1..=6u64 {
-            ring.record(acked(i * 100, i as i64), || 0);
+            ring.record_at(i * 100, i as i64, 0);
         }
         let s = ring.summary();
         assert_eq!((s.count, s.min_end, s.max_end, s.min_time, s.max_time), (2, 100, 200, 1, 2));
@@ -385,7 +427,7 @@ mod tests {
         assert!(snap.entries.iter().all(|a| a.commit_end >= 300));
         // Lapping flushed entries summarizes nothing; a flushed summary restarts.
         for i in 7..=10u64 {
-            ring.record(acked(i * 100, i as i64), || 650);
+            ring.record_at(i * 100, i as i64, 650);
         }
         let s = ring.summary();
         assert_eq!((s.count, s.min_end, s.max_end), (2, 100, 200), "{s:?}");
