@@ -125,6 +125,13 @@ pub fn acknowledge(commit_end: u64) -> bool {
             return false;
         }
     }
+    if max_bytes == 0 && max_time_us == 0 {
+        // Only the record: no need to read the flush position first.
+        if let Some(r) = ring {
+            record_in(r, commit_end);
+        }
+        return false;
+    }
     let flushed = flush_end();
     if commit_end <= flushed {
         return false; // someone flushed it already: nothing to lose
@@ -136,13 +143,7 @@ pub fn acknowledge(commit_end: u64) -> bool {
     // each other: a later one finds this entry (or its claim, counted as
     // acknowledged now) and stops there.
     let recorded_at = match (ring, record) {
-        (Some(r), true) => {
-            // SAFETY: backend-local transaction state, valid until the end
-            // of the commit callbacks; MyDatabaseId is set once connected.
-            let (fxid, datid) =
-                unsafe { (pg_sys::GetTopFullTransactionIdIfAny().value, pg_sys::MyDatabaseId.to_u32()) };
-            Some(r.record(commit_end, fxid, datid, now, flush_end))
-        }
+        (Some(r), true) => Some(record_in(r, commit_end)),
         _ => None,
     };
     if max_time_us > 0 {
@@ -162,6 +163,14 @@ pub fn acknowledge(commit_end: u64) -> bool {
 /// Flushes everything inserted so far, not only up to this commit's record:
 /// the same fsync then also covers the commits of other sessions that
 /// crossed the budget at the same moment (each would otherwise flush again).
+/// Records this transaction's acknowledgement; returns its time.
+fn record_in(r: Ring, commit_end: u64) -> i64 {
+    // SAFETY: backend-local transaction state, valid until the end of the
+    // commit callbacks; MyDatabaseId is set once connected.
+    let (fxid, datid) = unsafe { (pg_sys::GetTopFullTransactionIdIfAny().value, pg_sys::MyDatabaseId.to_u32()) };
+    r.record(commit_end, fxid, datid, now, flush_end)
+}
+
 fn flush_for_budget(commit_end: u64) -> bool {
     let target = crate::flush::insert_end().max(commit_end);
     // SAFETY: target was inserted (insert_end waits for nothing beyond
