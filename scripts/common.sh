@@ -24,10 +24,10 @@ need_root() {
     fi
 }
 
-install_dependencies() {
-    need_root
+# Installs the Debian packages given that are not installed yet.
+install_packages() {
     local missing=()
-    for p in $APT_PACKAGES; do
+    for p in "$@"; do
         dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")
     done
     if [ ${#missing[@]} -gt 0 ]; then
@@ -35,6 +35,11 @@ install_dependencies() {
         apt-get update -qq
         DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
     fi
+}
+
+install_dependencies() {
+    need_root
+    install_packages $APT_PACKAGES
     # Debian starts a default cluster on 5432; the scripts use their own.
     if [ -d /root/.cargo/bin ]; then export PATH="/root/.cargo/bin:$PATH"; fi
     if ! command -v cargo >/dev/null; then

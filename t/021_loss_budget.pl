@@ -44,17 +44,29 @@ is(counter('commits_delayed') - $delayed_before, 80 - $budget_flushes,
 	'a budget-flushed commit is not counted delayed');
 
 # ---- time budget: a commit made 300 ms after an unflushed acknowledged
-# one flushes (up to its own record, so the next one finds nothing
-# unflushed and returns at once); commits 20 ms apart do not. The budget is
-# the server's: settle_wal_writer()'s own delayed commit (another database)
-# stays unflushed on a partial WAL page, so each check starts from
-# flush_log().
-my @flushed = commits_with_check($node, 'postgres', "SET delayed_durability.max_loss_time = '200ms';\nSELECT flush_log();",
-	[ map { ($_ > 1 ? "SELECT pg_sleep(0.3);\n" : '') . "INSERT INTO t VALUES (100 + $_);" } 1 .. 6 ]);
+# one flushes (everything inserted, so the next one finds nothing unflushed
+# and returns at once); commits 20 ms apart do not. Which commits flushed
+# for the budget is read from commits_budget_flushed after each one (a WAL
+# position check could be fooled by the background writer's periodic
+# running-transactions record). The budget is the server's:
+# settle_wal_writer()'s own delayed commit (another database) stays
+# unflushed on a partial WAL page, so each run starts from flush_log().
+sub budget_flushes_per_commit
+{
+	my ($setting, $pause, $first_id, $n) = @_;
+	my $count = "SELECT 'b=' || commits_budget_flushed FROM delayed_durability_stats WHERE datname = 'postgres';\n";
+	settle_wal_writer($node);
+	my $script = "SET delayed_durability.max_loss_time = '$setting';\nSELECT flush_log();\n$count";
+	$script .= ($_ > 1 || $pause < 0.1 ? "SELECT pg_sleep($pause);\n" : '')
+	  . "INSERT INTO t VALUES (" . ($first_id + $_) . ");\n$count"
+	  for 1 .. $n;
+	my @totals = map { /^b=(\d+)$/ ? $1 : () } split /\n/, $node->safe_psql('postgres', $script);
+	return map { $totals[$_] - $totals[$_ - 1] } 1 .. $#totals;
+}
+my @flushed = budget_flushes_per_commit('200ms', 0.3, 100, 6);
 is_deeply(\@flushed, [ 0, 1, 0, 1, 0, 1 ],
 	'max_loss_time 200ms: a commit made when the oldest unflushed one is 300 ms old flushes');
-@flushed = commits_with_check($node, 'postgres', "SET delayed_durability.max_loss_time = '5s';\nSELECT flush_log();",
-	[ map { "SELECT pg_sleep(0.02);\nINSERT INTO t VALUES (200 + $_);" } 1 .. 3 ]);
+@flushed = budget_flushes_per_commit('5s', 0.02, 200, 3);
 is_deeply(\@flushed, [ 0, 0, 0 ], 'within the time budget nothing is flushed');
 
 # ---- the window as a monitor sees it

@@ -98,13 +98,15 @@ SET synchronous_commit = off;
 CREATE TABLE IF NOT EXISTS wal_writer_kick (i int);
 INSERT INTO wal_writer_kick SELECT generate_series(1, 400);
 });
-	# It flushes up to the last completed page in that cycle.
-	for (1 .. 250)
+	# It flushes up to the last completed page in that cycle, at once if
+	# its last flush is wal_writer_delay old, else when it is: wait past one
+	# wal_writer_delay (10 s).
+	for (1 .. 300)
 	{
 		return if $node->safe_psql($db, "SELECT pg_current_wal_flush_lsn() > '$before'") eq 't';
-		usleep(20_000);
+		usleep(40_000);
 	}
-	diag('settle_wal_writer: the WAL writer did not flush within 5 s');
+	diag('settle_wal_writer: the WAL writer did not flush within 12 s');
 }
 
 # The simulated power cut, from PostgreSQL's own flush position (read right

@@ -1,0 +1,79 @@
+#!/usr/bin/env bash
+# Builds a PostgreSQL major version that Debian 12 does not ship (17, 18)
+# from Debian's own source package, into a prefix under the cache:
+#   bash scripts/build_pg.sh 18          ->  $CACHE/pg18/bin/pg_config
+# The source comes through a private apt source list (trixie for 17, sid for
+# 18): the machine's apt configuration is untouched and no binary package of
+# another suite is installed (they would pull a newer libc). Each step leaves
+# a stamp, so the script is idempotent and resumes where it stopped. The
+# server is built with PostgreSQL's own flags (no Debian hardening: no
+# -z now, lazy binding), TAP tests enabled, and amcheck installed.
+# PG_BUILD_CACHE (default /var/cache/delayed_durability) holds source, build
+# and prefix: servers run as the postgres user, which cannot enter /root.
+set -euo pipefail
+source "$(dirname "$0")/common.sh"
+need_root
+
+major=${1:-}
+case "$major" in
+    17) suite=trixie ;;
+    18) suite=sid ;;
+    *) echo "usage: $0 17|18" >&2; exit 2 ;;
+esac
+jobs=${JOBS:-$(nproc)}
+CACHE=${PG_BUILD_CACHE:-/var/cache/delayed_durability}
+prefix=$CACHE/pg$major
+build=$CACHE/build/pg$major
+mkdir -p "$build"
+
+if [ -f "$prefix/.complete" ]; then
+    log "PostgreSQL $major already built in $prefix ($("$prefix/bin/pg_config" --version))"
+    exit 0
+fi
+
+install_packages bison flex libreadline-dev zlib1g-dev libicu-dev pkg-config build-essential libipc-run-perl dpkg-dev
+
+if [ ! -f "$build/.fetched" ]; then
+    log "fetching Debian's postgresql-$major source package ($suite) into $build"
+    apt_dir=$CACHE/apt-$suite
+    mkdir -p "$apt_dir/lists/partial"
+    printf 'deb-src http://deb.debian.org/debian %s main\n' "$suite" > "$apt_dir/sources.list"
+    O=(-o Dir::Etc::SourceList="$apt_dir/sources.list" -o Dir::Etc::SourceParts=/dev/null
+       -o Dir::State::Lists="$apt_dir/lists")
+    apt-get "${O[@]}" update -qq >&2
+    (cd "$build" && apt-get "${O[@]}" source --download-only "postgresql-$major") >&2
+    touch "$build/.fetched"
+fi
+
+src=$(ls -d "$build"/postgresql-$major.*/ 2>/dev/null | sort -V | tail -n1 || true)
+if [ -z "$src" ] || [ ! -f "$build/.extracted" ]; then
+    log "extracting the upstream source"
+    rm -rf "$build"/postgresql-$major.*/
+    tar -xjf "$(ls "$build"/postgresql-${major}_*.orig.tar.bz2 | sort -V | tail -n1)" -C "$build"
+    src=$(ls -d "$build"/postgresql-$major.*/ | sort -V | tail -n1)
+    touch "$build/.extracted"
+fi
+src=${src%/}
+
+if [ ! -f "$build/.configured" ]; then
+    log "configuring $(basename "$src") for $prefix"
+    (cd "$src" && ./configure --prefix="$prefix" --enable-tap-tests --enable-debug --with-icu \
+        CFLAGS="-O2" >"$build/configure.log" 2>&1) || { tail -30 "$build/configure.log" >&2; exit 1; }
+    touch "$build/.configured"
+fi
+
+if [ ! -f "$build/.built" ]; then
+    log "building PostgreSQL $major with $jobs jobs (about 10 minutes on 2 cores; log: $build/make.log)"
+    (cd "$src" && make -j"$jobs" >"$build/make.log" 2>&1 \
+        && make -C contrib/amcheck -j"$jobs" >>"$build/make.log" 2>&1) \
+        || { tail -30 "$build/make.log" >&2; exit 1; }
+    touch "$build/.built"
+fi
+
+log "installing into $prefix"
+(cd "$src" && make install >"$build/install.log" 2>&1 && make -C contrib/amcheck install >>"$build/install.log" 2>&1) \
+    || { tail -30 "$build/install.log" >&2; exit 1; }
+# The servers run as postgres: the prefix must be readable (the cache is under /root).
+chmod -R a+rX "$prefix"
+touch "$prefix/.complete"
+log "PostgreSQL $major ready: $prefix/bin/pg_config ($("$prefix/bin/pg_config" --version))"
