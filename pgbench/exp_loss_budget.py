@@ -371,7 +371,7 @@ def draw_chart(result, path):
 
     def interval(row):
         text = row["ratio_interval"]
-        if text.startswith("n/a"):
+        if not text[:1].isdigit():  # "baseline", "n/a (1 round)"
             return None
         lo, hi = text.split(" ")[0].split("-")
         return float(lo), float(hi)
