@@ -2,7 +2,7 @@
 # The main job: installs what it needs, builds and installs the extension,
 # then runs the experiments on a throwaway local cluster and writes
 # pgbench/report/report.md with one PNG chart per experiment.
-#   bash pgbench/run.sh                 quick scale (about 4 minutes once built)
+#   bash pgbench/run.sh                 quick scale (about 8 minutes once built)
 #   bash pgbench/run.sh --scale full    the articles' sizes (hours)
 #   bash pgbench/run.sh --only 1,2      some experiments
 set -euo pipefail
