@@ -133,6 +133,21 @@ settle_wal_writer($node);
 	"INSERT INTO t VALUES (405);\nSET statement_timeout = '300ms';\nSELECT wait_durable(last_commit_lsn());");
 like($err, qr/canceling statement due to statement timeout/, 'statement_timeout ends the wait too');
 
+# A fast shutdown ends a wait too (else pg_ctl stop would time out).
+settle_wal_writer($node);
+$bg = $node->background_psql('postgres', on_error_stop => 0);
+$bg->query_safe("SET application_name = 'receipt_waiter'; INSERT INTO t VALUES (406)");
+$bg->query_until(qr/waiting/, "\\echo waiting\nSELECT wait_durable(last_commit_lsn());\n");
+ok($node->poll_query_until('postgres',
+	"SELECT wait_event_type = 'Extension' FROM pg_stat_activity WHERE application_name = 'receipt_waiter'"),
+	'a waiter sleeps');
+$log_offset = -s $node->logfile;
+$node->stop('fast');
+ok($node->log_contains(qr/FATAL:  terminating connection due to administrator command/, $log_offset),
+	'a fast shutdown ends the wait');
+eval { $bg->quit };
+$node->start;
+
 # With the default WAL writer timing the wait ends by itself.
 $node->safe_psql('postgres', q{ALTER SYSTEM SET wal_writer_delay = '200ms'; SELECT pg_reload_conf();});
 for my $i (1 .. 3)
