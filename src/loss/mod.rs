@@ -6,8 +6,8 @@
 //! record is written and before its client hears of it. It returns without
 //! waiting only if the WAL not yet flushed, up to its own commit record, is
 //! within `max_loss_bytes`, and the oldest acknowledged commit not yet
-//! flushed is younger than `max_loss_time`; otherwise it flushes up to its
-//! own commit record. Since the flush position only moves forward, every
+//! flushed is younger than `max_loss_time`; otherwise it flushes at least up
+//! to its own commit record (everything inserted so far). Since the flush position only moves forward, every
 //! commit a crash can lose then lies within `max_loss_bytes` of WAL after
 //! the flushed position, and all of them were acknowledged within one
 //! `max_loss_time` window.
