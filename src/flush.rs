@@ -17,9 +17,13 @@ const LONG_PAGE_HEADER: u64 = maxalign(std::mem::size_of::<pg_sys::XLogLongPageH
 /// segment boundary (e.g. right after pg_switch_wal()). Flushing that position
 /// asks for bytes nobody wrote ("xlog flush request ... is not satisfied"),
 /// so step back to the boundary, as XLogBytePosToEndRecPtr does.
+/// A WAL position as PostgreSQL prints it.
+pub(crate) fn lsn_text(lsn: u64) -> String {
+    format!("{:X}/{:X}", lsn >> 32, lsn as u32)
+}
+
 pub(crate) fn insert_end() -> u64 {
-    // SAFETY: reads shared WAL insert state under PostgreSQL's own spinlock.
-    back_off_page_header(unsafe { pg_sys::GetXLogInsertRecPtr() })
+    back_off_page_header(next_record_start())
 }
 
 /// Where the next record would start, as PostgreSQL reports it (past the

@@ -6,7 +6,8 @@
 //! the transaction, pays for the flush, and every waiter shares the WAL
 //! writer's next one.
 
-use crate::flush::{back_off_page_header, flush_end, in_recovery, next_record_start};
+use crate::flush::{back_off_page_header, flush_end, in_recovery, lsn_text, next_record_start};
+use crate::stats::now;
 use pgrx::pg_sys;
 use pgrx::prelude::*;
 use std::cell::Cell;
@@ -21,10 +22,6 @@ pub fn remember_commit(end: u64) {
     if end != 0 {
         LAST_COMMIT_END.0.set(end);
     }
-}
-
-fn lsn_text(lsn: u64) -> String {
-    format!("{:X}/{:X}", lsn >> 32, lsn as u32)
 }
 
 fn error(code: PgSqlErrorCode, message: String, hint: &str) -> ! {
@@ -121,7 +118,7 @@ fn wait_durable(lsn: Option<i64>, timeout: Option<Interval>) -> Option<bool> {
                 "Pass NULL to wait without a time limit.",
             );
         }
-        now_us().saturating_add(us.min(i64::MAX as i128) as i64)
+        now().saturating_add(us.min(i64::MAX as i128) as i64)
     });
     if flush_end() >= lsn {
         return Some(true);
@@ -133,7 +130,7 @@ fn wait_durable(lsn: Option<i64>, timeout: Option<Interval>) -> Option<bool> {
     loop {
         let mut sleep_ms = nap_ms;
         if let Some(deadline) = deadline_us {
-            let left = deadline - now_us();
+            let left = deadline - now();
             if left <= 0 {
                 return Some(false);
             }
@@ -157,9 +154,4 @@ fn wait_durable(lsn: Option<i64>, timeout: Option<Interval>) -> Option<bool> {
         }
         nap_ms = (nap_ms * 2).min(MAX_NAP_MS);
     }
-}
-
-fn now_us() -> i64 {
-    // SAFETY: reads the clock.
-    unsafe { pg_sys::GetCurrentTimestamp() }
 }

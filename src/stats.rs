@@ -101,7 +101,8 @@ fn my_slot() -> Option<&'static DatabaseSlot> {
     None
 }
 
-fn now() -> i64 {
+/// The current time as a PostgreSQL timestamp (microseconds).
+pub(crate) fn now() -> i64 {
     // SAFETY: reads the clock; no PostgreSQL state involved.
     unsafe { pg_sys::GetCurrentTimestamp() }
 }

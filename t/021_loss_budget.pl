@@ -114,14 +114,23 @@ INSERT INTO t VALUES (403);
 SELECT wait_durable(last_commit_lsn(), interval '100ms'), is_durable(last_commit_lsn())}),
 	'f|f', 'wait_durable returns false at its timeout and forces no flush');
 
-# Cancel: a wait without timeout, the WAL writer idle for seconds.
-settle_wal_writer($node);
-my $bg = $node->background_psql('postgres', on_error_stop => 0);
-$bg->query_safe("SET application_name = 'receipt_waiter'; INSERT INTO t VALUES (404)");
-$bg->query_until(qr/waiting/, "\\echo waiting\nSELECT wait_durable(last_commit_lsn());\n");
-ok($node->poll_query_until('postgres',
-	"SELECT wait_event_type = 'Extension' FROM pg_stat_activity WHERE application_name = 'receipt_waiter'"),
-	'the waiter sleeps on its latch (wait event type Extension)');
+# A session that commits row $id delayed and waits for it without a
+# timeout, the WAL writer idle for seconds; returned once it sleeps.
+sub start_waiter
+{
+	my ($id, $what) = @_;
+	settle_wal_writer($node);
+	my $bg = $node->background_psql('postgres', on_error_stop => 0);
+	$bg->query_safe("SET application_name = 'receipt_waiter'; INSERT INTO t VALUES ($id)");
+	$bg->query_until(qr/waiting/, "\\echo waiting\nSELECT wait_durable(last_commit_lsn());\n");
+	ok($node->poll_query_until('postgres',
+		"SELECT wait_event_type = 'Extension' FROM pg_stat_activity WHERE application_name = 'receipt_waiter'"),
+		"$what: the waiter sleeps on its latch (wait event type Extension)");
+	return $bg;
+}
+
+# Cancel.
+my $bg = start_waiter(404, 'cancel');
 my $log_offset = -s $node->logfile;
 $node->safe_psql('postgres', "SELECT pg_cancel_backend(pid) FROM pg_stat_activity WHERE application_name = 'receipt_waiter'");
 ok($node->poll_query_until('postgres',
@@ -134,13 +143,7 @@ settle_wal_writer($node);
 like($err, qr/canceling statement due to statement timeout/, 'statement_timeout ends the wait too');
 
 # A fast shutdown ends a wait too (else pg_ctl stop would time out).
-settle_wal_writer($node);
-$bg = $node->background_psql('postgres', on_error_stop => 0);
-$bg->query_safe("SET application_name = 'receipt_waiter'; INSERT INTO t VALUES (406)");
-$bg->query_until(qr/waiting/, "\\echo waiting\nSELECT wait_durable(last_commit_lsn());\n");
-ok($node->poll_query_until('postgres',
-	"SELECT wait_event_type = 'Extension' FROM pg_stat_activity WHERE application_name = 'receipt_waiter'"),
-	'a waiter sleeps');
+$bg = start_waiter(406, 'shutdown');
 $log_offset = -s $node->logfile;
 $node->stop('fast');
 ok($node->log_contains(qr/FATAL:  terminating connection due to administrator command/, $log_offset),

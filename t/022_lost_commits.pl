@@ -74,6 +74,22 @@ sub crash_losing_unflushed_wal
 	$node->start;
 }
 
+# From a flushed start, commits $n delayed rows, crashes with $crash and
+# waits for the report. Returns when the crash began and the acknowledged
+# xids absent after it.
+sub delayed_rows_through_crash
+{
+	my ($n, $crash) = @_;
+	settle_wal_writer($node);
+	$node->safe_psql('postgres', 'SELECT flush_log()');
+	my @acked = commit_delayed_rows($n);
+	my $since = now();
+	$crash->();
+	wait_for_report($since);
+	my %present = present_xids();
+	return ($since, grep { !$present{$_} } @acked);
+}
+
 # A reloaded setting reaches new sessions only once the postmaster re-read
 # the file.
 sub reload_until
@@ -108,28 +124,13 @@ is($node->safe_psql('postgres',
 	't', 'database and acknowledgement time reported');
 
 # ---- kill -9 of every process (a PostgreSQL crash, not of the machine)
-settle_wal_writer($node);
-$node->safe_psql('postgres', 'SELECT flush_log()');
-@acked = commit_delayed_rows(15);
-$since = now();
-crash_losing_unflushed_wal();
-wait_for_report($since);
-%present = present_xids();
-@absent = grep { !$present{$_} } @acked;
+($since, @absent) = delayed_rows_through_crash(15, \&crash_losing_unflushed_wal);
 is(scalar @absent, 15, 'the 15 unflushed commits lost when every process was killed');
 is_deeply([ reported($since) ], \@absent, 'after kill -9 of the server the report is exact too');
 like(crash_row($since), qr/^${\ scalar @absent}\|0\|t\|/, '... and says so');
 
 # ---- pg_ctl stop -m immediate is a crash too
-settle_wal_writer($node);
-$node->safe_psql('postgres', 'SELECT flush_log()');
-@acked = commit_delayed_rows(6);
-$since = now();
-$node->stop('immediate');
-$node->start;
-wait_for_report($since);
-%present = present_xids();
-@absent = grep { !$present{$_} } @acked;
+($since, @absent) = delayed_rows_through_crash(6, sub { $node->stop('immediate'); $node->start; });
 is_deeply([ reported($since) ], \@absent, 'after an immediate shutdown the report lists exactly the absent ones ('
 	  . scalar(@absent) . ')');
 like(crash_row($since), qr/^${\ scalar @absent}\|0\|t\|/, '... exactly');
@@ -187,14 +188,7 @@ reload_until('delayed_durability.track_lost_commits', 'on');
 
 # ---- more unflushed commits than the record holds (64): the oldest are
 # summarized, the newest 64 listed, and the report says it is not exact.
-settle_wal_writer($node);
-$node->safe_psql('postgres', 'SELECT flush_log()');
-@acked = commit_delayed_rows(100);
-$since = now();
-crash_losing_unflushed_wal();
-wait_for_report($since);
-%present = present_xids();
-@absent = grep { !$present{$_} } @acked;
+($since, @absent) = delayed_rows_through_crash(100, \&crash_losing_unflushed_wal);
 is(scalar @absent, 100, 'all 100 unflushed commits lost');
 is_deeply([ reported($since) ], [ @absent[36 .. 99] ], 'the newest 64 are listed');
 like(crash_row($since), qr/^64\|36\|f\|64 listed, and up to 36 more that the full record summarized/,

@@ -7,8 +7,8 @@
 //! waiting only if the WAL not yet flushed, up to its own commit record, is
 //! within `max_loss_bytes`, and the oldest acknowledged commit not yet
 //! flushed is younger than `max_loss_time`; otherwise it flushes at least up
-//! to its own commit record (everything inserted so far). Since the flush position only moves forward, every
-//! commit a crash can lose then lies within `max_loss_bytes` of WAL after
+//! to its own commit record (everything inserted so far). Since the flush
+//! position only moves forward, every commit a crash can lose then lies within `max_loss_bytes` of WAL after
 //! the flushed position, and all of them were acknowledged within one
 //! `max_loss_time` window.
 
@@ -16,6 +16,7 @@ mod report;
 mod ring;
 
 use crate::flush::flush_end;
+use crate::stats::now;
 use pgrx::guc::{GucContext, GucFlags, GucRegistry, GucSetting};
 use pgrx::pg_sys;
 use pgrx::prelude::*;
@@ -102,11 +103,6 @@ pub fn register_worker() {
     report::register_worker();
 }
 
-fn now() -> i64 {
-    // SAFETY: reads the clock.
-    unsafe { pg_sys::GetCurrentTimestamp() }
-}
-
 /// For a commit the policy delayed, after its commit record was written
 /// and before the client hears of it: applies the loss budget and records
 /// the acknowledgement. Returns true when the budget made it flush.
@@ -115,19 +111,17 @@ fn now() -> i64 {
 pub fn acknowledge(commit_end: u64) -> bool {
     let max_bytes = MAX_LOSS_BYTES.get() as u64;
     let max_time_us = MAX_LOSS_TIME.get() as i64 * 1000;
-    let ring = ring();
-    let record = ring.is_some() && (TRACK_LOST_COMMITS.get() || max_time_us > 0);
-    if !record {
-        if let Some(r) = ring {
+    // The ring this acknowledgement goes into: the time budget needs it even
+    // when the record for the crash report is off.
+    let record = ring().filter(|_| TRACK_LOST_COMMITS.get() || max_time_us > 0);
+    if record.is_none() {
+        if let Some(r) = ring() {
             r.mark_incomplete();
-        }
-        if max_bytes == 0 && max_time_us == 0 {
-            return false;
         }
     }
     if max_bytes == 0 && max_time_us == 0 {
-        // Only the record: no need to read the flush position first.
-        if let Some(r) = ring {
+        // No budget: no need to read the flush position.
+        if let Some(r) = record {
             record_in(r, commit_end);
         }
         return false;
@@ -142,16 +136,13 @@ pub fn acknowledge(commit_end: u64) -> bool {
     // Recorded before the time check, so that two commits in flight see
     // each other: a later one finds this entry (or its claim, counted as
     // acknowledged now) and stops there.
-    let recorded_at = match (ring, record) {
-        (Some(r), true) => Some(record_in(r, commit_end)),
-        _ => None,
-    };
+    let recorded_at = record.map(|r| (r, record_in(r, commit_end)));
     if max_time_us > 0 {
-        let over_time = match (ring, recorded_at) {
-            (Some(r), Some(t)) => r.oldest_unflushed(flushed, t).is_some_and(|oldest| t - oldest >= max_time_us),
+        let over_time = match recorded_at {
+            Some((r, t)) => r.oldest_unflushed(flushed, t).is_some_and(|oldest| t - oldest >= max_time_us),
             // No record of acknowledgements (the ring could not be opened):
             // the age is unknown, so the budget can only be kept by flushing.
-            _ => true,
+            None => true,
         };
         if over_time {
             return flush_for_budget(commit_end);
@@ -160,9 +151,6 @@ pub fn acknowledge(commit_end: u64) -> bool {
     false
 }
 
-/// Flushes everything inserted so far, not only up to this commit's record:
-/// the same fsync then also covers the commits of other sessions that
-/// crossed the budget at the same moment (each would otherwise flush again).
 /// Records this transaction's acknowledgement; returns its time.
 fn record_in(r: Ring, commit_end: u64) -> i64 {
     // SAFETY: backend-local transaction state, valid until the end of the

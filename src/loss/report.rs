@@ -16,6 +16,7 @@
 
 use super::ring::{self, Acked, Ring, Snapshot, Summary};
 use super::LOST_COMMITS_RING_SIZE;
+use crate::flush::lsn_text;
 use crate::walbuf::pmem;
 use pgrx::bgworkers::{BackgroundWorker, BackgroundWorkerBuilder, BgWorkerStartTime, SignalWakeFlags};
 use pgrx::pg_sys;
@@ -151,10 +152,6 @@ fn ring_paths() -> (CString, Option<CString>) {
     }
 }
 
-fn crash_restart_pending(current: &Option<Ring>) -> bool {
-    current.is_some()
-}
-
 fn map_existing(path: &CString) -> Result<Option<Ring>, String> {
     let shown = path.to_string_lossy();
     if !Path::new(&*shown).exists() {
@@ -175,7 +172,8 @@ fn open(current: Option<Ring>) -> Result<Ring, String> {
         let _ = std::fs::File::open(".").and_then(|d| d.sync_all());
     }
     let control = read_control_file()?;
-    if !crash_restart_pending(&current) && starts_from_backup_or_in_recovery() {
+    let crash_restart = current.is_some();
+    if !crash_restart && starts_from_backup_or_in_recovery() {
         // A copy of another server's directory: what it was about to compare
         // belongs to that server's WAL.
         if std::fs::remove_file(PENDING_FILE).is_ok() {
@@ -187,7 +185,6 @@ fn open(current: Option<Ring>) -> Result<Ring, String> {
     let (path, other_place) = ring_paths();
     let on_persistent_memory = other_place.is_some();
     let shown = path.to_string_lossy().into_owned();
-    let crash_restart = current.is_some();
     let previous = match current {
         Some(ring) => Some(ring),
         None => map_existing(&path)?,
@@ -283,8 +280,7 @@ fn write_pending(snapshot: &Snapshot, status: Status) -> std::io::Result<()> {
             let _ = writeln!(text, "{}", fields.join("\t"));
         }
     }
-    // SAFETY: reads the clock.
-    let id = unsafe { pg_sys::GetCurrentTimestamp() };
+    let id = crate::stats::now();
     let s = snapshot.summary;
     let _ = writeln!(
         text,
@@ -345,10 +341,6 @@ fn parse_pending(text: &str) -> Vec<PendingCrash> {
     crashes
 }
 
-fn lsn(l: u64) -> String {
-    format!("{:X}/{:X}", l >> 32, l as u32)
-}
-
 fn time_text(t: i64) -> String {
     // SAFETY: formats a timestamp into a static buffer; copied at once.
     unsafe { std::ffi::CStr::from_ptr(pg_sys::timestamptz_to_str(t)) }.to_string_lossy().into_owned()
@@ -361,8 +353,7 @@ fn compare_pending() -> std::io::Result<()> {
     // SAFETY: reads shared recovery state; after crash recovery it is the
     // end of the last record replayed, i.e. of the recovered WAL.
     let recovered_end = unsafe { pg_sys::GetXLogReplayRecPtr(std::ptr::null_mut()) };
-    // SAFETY: reads the clock.
-    let recovered_at = unsafe { pg_sys::GetCurrentTimestamp() };
+    let recovered_at = crate::stats::now();
     let reported: Vec<i64> = read_report().crashes.iter().map(|c| c.id).collect();
     let mut out = String::new();
     for crash in parse_pending(&text).into_iter().filter(|c| !reported.contains(&c.id)) {
@@ -387,8 +378,8 @@ fn compare_pending() -> std::io::Result<()> {
                 "{} listed, and up to {} more that the full record summarized (LSN {}..{})",
                 lost.len(),
                 summarized_may_be_lost,
-                lsn(s.min_end),
-                lsn(s.max_end)
+                lsn_text(s.min_end),
+                lsn_text(s.max_end)
             )
         } else {
             format!("exact: {} of {} recorded acknowledged delayed commits lost", lost.len(), crash.entries.len())
@@ -417,8 +408,8 @@ fn compare_pending() -> std::io::Result<()> {
             pgrx::log!(
                 "delayed_durability: {} acknowledged delayed commits were lost (LSN {}..{}, acknowledged between {} and {}){}",
                 lost.len(),
-                lsn(first.commit_end),
-                lsn(last.commit_end),
+                lsn_text(first.commit_end),
+                lsn_text(last.commit_end),
                 time_text(t1),
                 time_text(t2),
                 if summarized_may_be_lost > 0 { format!(", and up to {summarized_may_be_lost} more summarized") } else { String::new() }
@@ -427,7 +418,7 @@ fn compare_pending() -> std::io::Result<()> {
             pgrx::log!(
                 "delayed_durability: 0 acknowledged delayed commits were lost ({} recorded, all in the recovered WAL up to {}){}",
                 crash.entries.len(),
-                lsn(recovered_end),
+                lsn_text(recovered_end),
                 if summarized_may_be_lost > 0 { format!("; up to {summarized_may_be_lost} summarized ones may be") } else { String::new() }
             );
         }

@@ -131,7 +131,7 @@ impl Ring {
     }
 
     /// Writes an empty ring of `capacity` entries over the whole mapping
-    /// (postmaster only, no other process attached).
+    /// and makes it durable (postmaster only, no other process attached).
     /// `persistent`: the file is on persistent memory, and every entry is
     /// flushed from the CPU caches as it is written.
     pub fn format(
@@ -141,6 +141,12 @@ impl Ring {
         boot_id: [u8; BOOT_ID_LEN],
         persistent: bool,
     ) -> Result<Ring, String> {
+        let ring = Ring::write_empty(map, capacity, system_id, boot_id, persistent);
+        map.persist(0, file_len(capacity))?;
+        Ok(ring)
+    }
+
+    fn write_empty(map: Mapping, capacity: u32, system_id: u64, boot_id: [u8; BOOT_ID_LEN], persistent: bool) -> Ring {
         assert!(map.len >= file_len(capacity));
         // SAFETY: the postmaster owns the mapping alone at this point.
         unsafe {
@@ -154,8 +160,7 @@ impl Ring {
             // The magic last: a half-formatted file is no ring.
             std::ptr::write_volatile(&mut h.magic, MAGIC);
         }
-        map.persist(0, file_len(capacity))?;
-        Ok(Ring { map, capacity: capacity as u64 })
+        Ring { map, capacity: capacity as u64 }
     }
 
     pub fn mapping(&self) -> Mapping {
@@ -368,22 +373,9 @@ mod tests {
         // SAFETY: the vector outlives the ring in each test.
         let addr = unsafe { memory.as_mut_ptr().add(offset) };
         let map = Mapping { addr, len: file_len(capacity), is_pmem: false };
-        let ring = Ring::format_unpersisted(map, capacity);
+        // Heap memory: written like a file, not msync'ed.
+        let ring = Ring::write_empty(map, capacity, 0, [0; BOOT_ID_LEN], false);
         (ring, memory)
-    }
-
-    impl Ring {
-        fn format_unpersisted(map: Mapping, capacity: u32) -> Ring {
-            // SAFETY: test memory owned by the caller.
-            unsafe {
-                std::ptr::write_bytes(map.addr, 0, file_len(capacity));
-                let h = &mut *(map.addr as *mut Header);
-                h.version = VERSION;
-                h.capacity = capacity;
-                h.magic = MAGIC;
-            }
-            Ring::new(map).unwrap()
-        }
     }
 
     impl Ring {
