@@ -73,13 +73,14 @@ sub txn_sql
 # The commit of that statement (delayed in db_forced) is acknowledged too:
 # its receipt goes to the harness for the comparison with the crash report.
 my $seq_sql = "SELECT 'seq ' || cached_nextval('torture_seq') || ' ' || pg_current_wal_flush_lsn();\n"
-  . "SELECT 'receipt ' || last_commit_lsn();\n";
+  . "SELECT 'receipt ' || last_commit_lsn() || ' ' || is_durable(last_commit_lsn());\n";
 
 # A client's script: many transactions, each followed by an acknowledgement
 # line printed only once COMMIT returned. Durable acks carry the flush
 # position read right after the commit (>= its commit record, <= the real
 # flush position); delayed acks carry the insert position after the commit
-# (>= its commit record end) and the receipt, the end of its commit record.
+# (>= its commit record end), the receipt (the end of its commit record) and
+# whether that was already flushed when the client heard of the commit.
 sub client_script
 {
 	my ($cycle, $client, $db) = @_;
@@ -112,7 +113,7 @@ sub client_script
 			my $delayed = $dice < 0.7;
 			$s .= txn_sql($client, $txn, $delayed)
 			  . ($delayed
-				? "SELECT 'ack delayed $txn ' || pg_current_wal_insert_lsn() || ' ' || last_commit_lsn();\n"
+				? "SELECT 'ack delayed $txn ' || pg_current_wal_insert_lsn() || ' ' || last_commit_lsn() || ' ' || is_durable(last_commit_lsn());\n"
 				: "SELECT 'ack durable $txn ' || pg_current_wal_flush_lsn();\n");
 		}
 		else
@@ -128,7 +129,7 @@ sub client_script
 			else
 			{
 				$s .= txn_sql($client, $txn, 0)
-				  . "SELECT 'ack delayed $txn ' || pg_current_wal_insert_lsn() || ' ' || last_commit_lsn();\n";
+				  . "SELECT 'ack delayed $txn ' || pg_current_wal_insert_lsn() || ' ' || last_commit_lsn() || ' ' || is_durable(last_commit_lsn());\n";
 			}
 		}
 	}
@@ -200,7 +201,11 @@ for my $cycle (1 .. $cycles)
 	}
 
 	# What the clients were told.
-	my ($known_flushed, @cycle_delayed, %receipts) = ($cycle_start_flush);
+	# %receipts: the clients' receipts of commits the crash report must list
+	# if the crash lost them; %flushed_receipts: those already flushed when
+	# the client heard of them (never recorded: only a simulated power cut,
+	# made at the last flush the clients saw, can remove them).
+	my ($known_flushed, @cycle_delayed, %receipts, %flushed_receipts) = ($cycle_start_flush);
 	for my $c (@clients)
 	{
 		my ($client, $db) = @$c;
@@ -219,14 +224,15 @@ for my $cycle (1 .. $cycles)
 				my $lsn = lsn_to_int($1);
 				$known_flushed = $lsn if $lsn > $known_flushed;
 			}
-			elsif (/^ack delayed (\d+) (\S+) (\S+)$/)
+			elsif (/^ack delayed (\d+) (\S+) (\S+) (true|false)$/)
 			{
 				push @cycle_delayed, [ "$db/$client/$1", lsn_to_int($2), lsn_to_int($3) ];
-				$receipts{ lsn_to_int($3) } = "$db/$client/$1";
+				($4 eq 'true' ? \%flushed_receipts : \%receipts)->{ lsn_to_int($3) } = "$db/$client/$1";
 			}
-			elsif (/^receipt (\S+)$/)
+			elsif (/^receipt (\S+) (true|false)$/)
 			{
-				$receipts{ lsn_to_int($1) } //= "$db/$client/seq";
+				# In postgres the commit is durable: always flushed here.
+				($2 eq 'true' ? \%flushed_receipts : \%receipts)->{ lsn_to_int($1) } //= "$db/$client/seq";
 			}
 			elsif (/^seq (\d+) (\S+)$/)
 			{
@@ -265,13 +271,18 @@ for my $cycle (1 .. $cycles)
 		'SELECT commit_lsn FROM delayed_durability_lost_commits WHERE crash_recovered_at = (SELECT max(crash_recovered_at) FROM delayed_durability_crashes)');
 	$reported_total += keys %reported;
 	my @unreported = grep { $_ > $recovered_end && !$reported{$_} } keys %receipts;
-	my @unknown_to_clients = grep { !$receipts{$_} } keys %reported;
+	my @unknown_to_clients = grep { !$receipts{$_} && !$flushed_receipts{$_} } keys %reported;
+	# After a kill -9 everything flushed is recovered: a flushed receipt
+	# past the recovered end would be a flush the server never made.
+	push @unreported, grep { $_ > $recovered_end } keys %flushed_receipts unless $power_cut;
 	my @wrongly_reported = grep { $_ <= $recovered_end } keys %reported;
 	if ($exact ne 't' || @unreported || @wrongly_reported || @unknown_to_clients > @clients)
 	{
 		$report_mismatches++;
 		diag("cycle $cycle: crash report exact=$exact, " . scalar(@unreported) . ' lost commits not reported, '
 			  . scalar(@wrongly_reported) . ' reported but recovered, ' . scalar(@unknown_to_clients) . ' unknown to the clients');
+		diag(sprintf('  not reported: %s ending at %X (recovered end %X)', $receipts{$_} // $flushed_receipts{$_}, $_, $recovered_end))
+		  for (sort { $a <=> $b } @unreported)[ 0 .. ($#unreported < 4 ? $#unreported : 4) ];
 	}
 
 	# Atomicity: every transaction is all there or absent, checksum intact.
