@@ -3,6 +3,8 @@
 -- commit in delayed_durability_status(), durability receipts
 -- (last_commit_lsn, is_durable, wait_durable) and the crash report
 -- (delayed_durability_crashes, delayed_durability_lost_commits).
+-- delayed_durability_status().wal_flushes reads PostgreSQL's WAL fsync count
+-- through a function that knows where each server version keeps it.
 \echo Use "ALTER EXTENSION delayed_durability UPDATE TO '0.4.0'" to load this file. \quit
 
 -- The statistics function gains a column: the view over it is replaced.
@@ -49,6 +51,13 @@ STRICT VOLATILE PARALLEL SAFE
 LANGUAGE c
 AS 'MODULE_PATHNAME', 'delayed_durability_oldest_unflushed_commit_age_wrapper';
 
+-- PostgreSQL's WAL fsync count, read where the server version keeps it
+-- (pg_stat_wal up to 17, pg_stat_io from 18).
+CREATE FUNCTION "delayed_durability_wal_fsyncs"() RETURNS bigint
+STRICT VOLATILE PARALLEL SAFE
+LANGUAGE c
+AS 'MODULE_PATHNAME', 'delayed_durability_wal_fsyncs_wrapper';
+
 -- Its OUT parameters change, so it is replaced, not altered.
 DROP FUNCTION delayed_durability_status();
 
@@ -69,7 +78,7 @@ AS $$
     SELECT '0/0'::pg_lsn + p.insert_end::numeric,
            '0/0'::pg_lsn + p.flush_end::numeric,
            greatest(p.insert_end - p.flush_end, 0),
-           (SELECT w.wal_sync FROM pg_catalog.pg_stat_wal AS w),
+           delayed_durability_wal_fsyncs(),
            b.is_pmem, b.bytes_persisted, b.fsyncs_avoided, b.drains, b.restored_bytes,
            delayed_durability_oldest_unflushed_commit_age()
       FROM delayed_durability_wal_positions() AS p,

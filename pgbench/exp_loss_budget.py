@@ -76,7 +76,7 @@ WORKLOADS = ("server loop", "pgbench, 1 client", "pgbench, 4 clients")
 LOOP_TEMPLATE = """
 TRUNCATE t1;
 SELECT pg_stat_force_next_flush();
-SELECT wal_sync AS s0 FROM pg_stat_wal \\gset
+SELECT delayed_durability_wal_fsyncs() AS s0 \\gset
 SELECT commits_budget_flushed AS b0 FROM delayed_durability_stats WHERE datname = current_database() \\gset
 SELECT pg_current_wal_insert_lsn() AS l0 \\gset
 SELECT clock_timestamp() AS t0 \\gset
@@ -85,7 +85,7 @@ SELECT extract(epoch FROM clock_timestamp() - :'t0') AS secs \\gset
 SELECT pg_current_wal_insert_lsn() - :'l0' AS wal \\gset
 SELECT pg_stat_force_next_flush();
 SELECT 'result ' || :secs || ' ' || (SELECT count(*) FROM t1)
-       || ' ' || (SELECT wal_sync - :s0 FROM pg_stat_wal)
+       || ' ' || (delayed_durability_wal_fsyncs() - :s0)
        || ' ' || (SELECT commits_budget_flushed - :b0 FROM delayed_durability_stats
                    WHERE datname = current_database())
        || ' ' || :wal;
@@ -96,7 +96,7 @@ def counters(c):
     """(WAL fsyncs, budget flushes in this database, WAL insert position in
     bytes), statistics forced out first as in harness.wal_sync_total."""
     out = c.value("SELECT pg_stat_force_next_flush();\n"
-                  "SELECT (SELECT wal_sync FROM pg_stat_wal) || ' ' || "
+                  "SELECT delayed_durability_wal_fsyncs() || ' ' || "
                   "(SELECT commits_budget_flushed FROM delayed_durability_stats WHERE datname = current_database()) "
                   "|| ' ' || (pg_current_wal_insert_lsn() - '0/0');")
     s, b, lsn = out.split()

@@ -116,12 +116,12 @@ class Cluster:
 MEASURE_TEMPLATE = """
 {setup}
 SELECT pg_stat_force_next_flush();
-SELECT wal_sync AS s0 FROM pg_stat_wal \\gset
+SELECT delayed_durability_wal_fsyncs() AS s0 \\gset
 SELECT clock_timestamp() AS t0 \\gset
 {work}
 SELECT extract(epoch FROM clock_timestamp() - :'t0') AS secs \\gset
 SELECT pg_stat_force_next_flush();
-SELECT 'result ' || :secs || ' ' || (wal_sync - :s0) FROM pg_stat_wal;
+SELECT 'result ' || :secs || ' ' || (delayed_durability_wal_fsyncs() - :s0);
 """
 
 
@@ -133,7 +133,7 @@ def measure(cluster, work, setup="", db="postgres"):
 
 
 def wal_sync_total(cluster):
-    return int(cluster.value("SELECT pg_stat_force_next_flush();\nSELECT wal_sync FROM pg_stat_wal;"))
+    return int(cluster.value("SELECT pg_stat_force_next_flush();\nSELECT delayed_durability_wal_fsyncs();"))
 
 
 class Progress:

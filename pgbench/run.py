@@ -182,7 +182,7 @@ def exp3_sequences(c, scale, log):
 def sample_wal_syncs(c, stop, samples, t0):
     while not stop.is_set():
         try:
-            samples.append((time.monotonic() - t0, int(c.value("SELECT wal_sync FROM pg_stat_wal"))))
+            samples.append((time.monotonic() - t0, int(c.value("SELECT delayed_durability_wal_fsyncs()"))))
         except RuntimeError:
             pass
         stop.wait(1.0)

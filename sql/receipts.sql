@@ -65,7 +65,10 @@ SET delayed_durability.max_loss_bytes = '64kB';
 SHOW delayed_durability.max_loss_bytes;
 SET delayed_durability.max_loss_time = '10ms';
 SHOW delayed_durability.max_loss_time;
+-- Only the SQLSTATE: PostgreSQL 18 prints the range with units (0 B .. 2147483647 B).
+\set VERBOSITY sqlstate
 SET delayed_durability.max_loss_bytes = -1;
+\set VERBOSITY default
 SET delayed_durability.max_loss_time = '1 fortnight';
 RESET delayed_durability.max_loss_bytes;
 RESET delayed_durability.max_loss_time;

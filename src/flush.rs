@@ -112,3 +112,17 @@ fn delayed_durability_wal_positions(
     };
     TableIterator::once((insert as i64, flush as i64))
 }
+
+/// PostgreSQL's own count of WAL fsyncs, for delayed_durability_status().
+/// Up to 17 it is pg_stat_wal.wal_sync; 18 moved WAL I/O to pg_stat_io
+/// (object 'wal', context 'normal': the syncs of written WAL, not of new
+/// segments, as wal_sync counted).
+#[pg_extern(volatile, parallel_safe)]
+fn delayed_durability_wal_fsyncs() -> Option<i64> {
+    #[cfg(not(feature = "pg18"))]
+    const QUERY: &str = "SELECT wal_sync FROM pg_catalog.pg_stat_wal";
+    #[cfg(feature = "pg18")]
+    const QUERY: &str = "SELECT sum(fsyncs)::bigint FROM pg_catalog.pg_stat_io WHERE object = 'wal' AND context = 'normal'";
+    Spi::connect(|client| client.select(QUERY, Some(1), &[])?.first().get_one::<i64>())
+        .unwrap_or_else(|e| pgrx::error!("reading WAL statistics: {e}"))
+}

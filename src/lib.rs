@@ -91,7 +91,7 @@ AS $$
     SELECT '0/0'::pg_lsn + p.insert_end::numeric,
            '0/0'::pg_lsn + p.flush_end::numeric,
            greatest(p.insert_end - p.flush_end, 0),
-           (SELECT w.wal_sync FROM pg_catalog.pg_stat_wal AS w),
+           delayed_durability_wal_fsyncs(),
            b.is_pmem, b.bytes_persisted, b.fsyncs_avoided, b.drains, b.restored_bytes,
            delayed_durability_oldest_unflushed_commit_age()
       FROM delayed_durability_wal_positions() AS p,

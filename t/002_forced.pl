@@ -9,15 +9,15 @@ use DelayedDurabilityTest;
 my $node = new_dd_node('forced');
 $node->safe_psql('postgres', 'CREATE TABLE t (id int)');
 
-# wal_sync (WAL fsyncs) around a batch of commits in one session. Backends
+# PostgreSQL's WAL fsync count (pg_stat_wal.wal_sync, pg_stat_io from 18) around a batch of commits in one session. Backends
 # publish their WAL statistics when idle; pg_stat_force_next_flush() makes
 # the next idle moment publish them at once.
 sub wal_syncs_for
 {
 	my ($setup, $first, $count) = @_;
-	my $script = "$setup\nSELECT pg_stat_force_next_flush();\nSELECT wal_sync FROM pg_stat_wal;\n";
+	my $script = "$setup\nSELECT pg_stat_force_next_flush();\nSELECT delayed_durability_wal_fsyncs();\n";
 	$script .= "INSERT INTO t VALUES ($_);\n" for $first .. $first + $count - 1;
-	$script .= "SELECT pg_stat_force_next_flush();\nSELECT wal_sync FROM pg_stat_wal;\n";
+	$script .= "SELECT pg_stat_force_next_flush();\nSELECT delayed_durability_wal_fsyncs();\n";
 	my @out = grep { /^\d+$/ } split /\n/, $node->safe_psql('postgres', $script);
 	return $out[-1] - $out[0];
 }

@@ -42,6 +42,10 @@ SELECT pg_stat_force_next_flush();
 SELECT coalesce(wal_buffer_is_pmem::text, 'null'), wal_buffer_bytes_persisted,
        wal_buffer_fsyncs_avoided, wal_buffer_drains, wal_buffer_restored_bytes, wal_flushes
   FROM delayed_durability_status()}) =~ s/^\n//r;
+	# PostgreSQL 18 counts WAL fsyncs in pg_stat_io, after the call and in
+	# memory the extension cannot reach: a call the buffer absorbed is
+	# counted there, and wal_buffer_fsyncs_avoided says how many were.
+	$s{real_syncs} = $s{wal_sync} - ($n->pg_version >= 18 ? $s{avoided} : 0);
 	return \%s;
 }
 
@@ -57,7 +61,7 @@ is($before->{is_pmem}, 'false', 'tmpfs is not reported as persistent memory');
 $node->safe_psql('postgres', insert_script(1, 300));
 my $after = status($node);
 cmp_ok($after->{avoided} - $before->{avoided}, '>=', 300, 'wal_buffer_fsyncs_avoided grows with each durable commit');
-cmp_ok($after->{wal_sync} - $before->{wal_sync}, '<', 10, 'pg_stat_wal.wal_sync does not grow per commit');
+cmp_ok($after->{real_syncs} - $before->{real_syncs}, '<', 10, 'PostgreSQL\'s WAL fsync count does not grow per commit');
 cmp_ok($after->{persisted} - $before->{persisted}, '>', 300 * 100, 'the commits\' WAL was persisted in the buffer');
 my $drains = $after->{drains};
 $node->safe_psql('postgres', 'SELECT pg_switch_wal(); CREATE TABLE after_switch ()');
@@ -219,7 +223,7 @@ $before = status($node);
 $node->safe_psql('postgres', insert_script(721, 740));
 $after = status($node);
 is($after->{avoided} - $before->{avoided}, 0, 'wal_sync_method = fsync: no fsync skipped');
-cmp_ok($after->{wal_sync} - $before->{wal_sync}, '>=', 20, 'wal_sync_method = fsync: each commit fsyncs');
+cmp_ok($after->{real_syncs} - $before->{real_syncs}, '>=', 20, 'wal_sync_method = fsync: each commit fsyncs');
 $node->append_conf('postgresql.conf', "wal_sync_method = fdatasync\n");
 $node->reload;
 
