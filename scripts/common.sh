@@ -2,14 +2,49 @@
 # Every step is idempotent, so the scripts can run on a fresh Debian 12
 # machine or again on one that has everything.
 
-PG_MAJOR=15
-PGBIN=/usr/lib/postgresql/$PG_MAJOR/bin
-PG_CONFIG=$PGBIN/pg_config
-PGXS=/usr/lib/postgresql/$PG_MAJOR/lib/pgxs
 PGRX_VERSION=0.18.1
 REPO_ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-APT_PACKAGES="postgresql-$PG_MAJOR postgresql-server-dev-$PG_MAJOR postgresql-contrib libclang-dev clang
+# PostgreSQL 15 is Debian 12's; the other majors are built from Debian's
+# source packages by scripts/build_pg.sh into this cache (outside the
+# checkout, readable by the postgres user), together with their cargo
+# target directories.
+PG_BUILD_CACHE=${PG_BUILD_CACHE:-/var/cache/delayed_durability}
+DEBIAN_PG_MAJOR=15
+SUPPORTED_PG_MAJORS="15 17 18"
+APT_PACKAGES="postgresql-$DEBIAN_PG_MAJOR postgresql-server-dev-$DEBIAN_PG_MAJOR postgresql-contrib libclang-dev clang
   libpmem-dev libipc-run-perl pkg-config build-essential procps python3 python3-matplotlib strace"
+
+# Sets PG_MAJOR, PGBIN, PG_CONFIG and PGXS (the directory holding
+# src/test/regress/pg_regress and src/test/perl) for one major version.
+select_pg() {
+    case "$1" in
+        15|17|18) PG_MAJOR=$1 ;;
+        *) echo "unsupported PostgreSQL major version: $1 (supported: $SUPPORTED_PG_MAJORS)" >&2; exit 2 ;;
+    esac
+    if [ "$PG_MAJOR" = "$DEBIAN_PG_MAJOR" ]; then
+        PGBIN=/usr/lib/postgresql/$PG_MAJOR/bin
+        PGXS=/usr/lib/postgresql/$PG_MAJOR/lib/pgxs
+    else
+        PGBIN=$PG_BUILD_CACHE/pg$PG_MAJOR/bin
+        PGXS=$PG_BUILD_CACHE/pg$PG_MAJOR/lib/postgresql/pgxs
+    fi
+    PG_CONFIG=$PGBIN/pg_config
+    export PG_MAJOR PGBIN PG_CONFIG PGXS
+}
+select_pg "${PG_MAJOR:-$DEBIAN_PG_MAJOR}"
+
+# cargo arguments for the selected version. 15 builds into the checkout's
+# target/ with the default feature; the others each get a target directory
+# of their own in the cache, so switching versions never rebuilds another's.
+cargo_pg() {
+    local sub=$1; shift
+    if [ "$PG_MAJOR" = "$DEBIAN_PG_MAJOR" ]; then
+        (cd "$REPO_ROOT" && cargo $sub "$@")
+    else
+        (cd "$REPO_ROOT" && CARGO_TARGET_DIR="$PG_BUILD_CACHE/target-pg$PG_MAJOR" \
+            cargo $sub "$@" --no-default-features --features "pg$PG_MAJOR")
+    fi
+}
 
 # Servers refuse to run as root and a backtrace-enabled Rust runtime would
 # append backtraces to error details: run them clean.
@@ -50,19 +85,30 @@ install_dependencies() {
         log "installing cargo-pgrx $PGRX_VERSION (a few minutes)"
         cargo install cargo-pgrx --version "$PGRX_VERSION" --locked
     fi
-    if ! grep -qs "pg$PG_MAJOR" "${PGRX_HOME:-$HOME/.pgrx}/config.toml"; then
-        cargo pgrx init --pg$PG_MAJOR "$PG_CONFIG" >/dev/null
+    if [ "$PG_MAJOR" != "$DEBIAN_PG_MAJOR" ]; then
+        bash "$REPO_ROOT/scripts/build_pg.sh" "$PG_MAJOR"
+    fi
+    # pgrx keeps one pg_config per major in its config; init rewrites the
+    # file, so it is given every version present.
+    if ! grep -qs "^pg$PG_MAJOR *=" "${PGRX_HOME:-$HOME/.pgrx}/config.toml"; then
+        local args=(--pg$DEBIAN_PG_MAJOR /usr/lib/postgresql/$DEBIAN_PG_MAJOR/bin/pg_config) v
+        for v in $SUPPORTED_PG_MAJORS; do
+            [ "$v" != "$DEBIAN_PG_MAJOR" ] && [ -f "$PG_BUILD_CACHE/pg$v/.complete" ] \
+                && args+=(--pg$v "$PG_BUILD_CACHE/pg$v/bin/pg_config")
+        done
+        log "registering PostgreSQL with pgrx: ${args[*]}"
+        cargo pgrx init "${args[@]}" >/dev/null
     fi
 }
 
 build_and_install() {
-    log "building and installing delayed_durability (release)"
+    log "building and installing delayed_durability (release) for PostgreSQL $PG_MAJOR"
     # Unlink instead of overwriting: a running server keeps its mapping of
     # the old library (overwritten in place, it could crash). Scripts of
     # other versions are removed so that only shipped ones remain.
     rm -f "$("$PG_CONFIG" --pkglibdir)/delayed_durability.so" \
         "$("$PG_CONFIG" --sharedir)"/extension/delayed_durability--*.sql
-    (cd "$REPO_ROOT" && cargo pgrx install --release --pg-config "$PG_CONFIG") >&2
+    cargo_pg pgrx install --release --pg-config "$PG_CONFIG" >&2
     # The update scripts and the full scripts of earlier versions live in
     # extension/ (sql/ holds only pg_regress tests); cargo pgrx installs the
     # current version's full script only.

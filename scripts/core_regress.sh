@@ -36,7 +36,13 @@ command -v gcc >/dev/null || { echo "gcc missing (apt-get install build-essentia
 
 CACHE=${CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/delayed_durability}
 mkdir -p "$CACHE/src"
-src=$(ls -d "$CACHE"/src/postgresql-$PG_MAJOR.*/ 2>/dev/null | sort -V | tail -n1 || true)
+if [ "$PG_MAJOR" != "$DEBIAN_PG_MAJOR" ]; then
+    # Built from source by scripts/build_pg.sh: the server's own tree.
+    src=$(ls -d "$PG_BUILD_CACHE"/build/pg$PG_MAJOR/postgresql-$PG_MAJOR.*/ 2>/dev/null | sort -V | tail -n1 || true)
+    [ -n "$src" ] || { echo "no PostgreSQL $PG_MAJOR source tree: run scripts/build_pg.sh $PG_MAJOR" >&2; exit 1; }
+else
+    src=$(ls -d "$CACHE"/src/postgresql-$PG_MAJOR.*/ 2>/dev/null | sort -V | tail -n1 || true)
+fi
 if [ ! -f "${src:-/nonexistent}/src/test/regress/parallel_schedule" ]; then
     # A private apt source list: the machine's apt configuration is not touched.
     # (bookworm-security's source archive answers 404 here, so plain bookworm main.)

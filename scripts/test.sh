@@ -1,26 +1,82 @@
 #!/usr/bin/env bash
 # The whole test suite: installs what it needs, builds and installs the
 # extension, runs the Rust unit tests (WAL buffer format), the pg_regress
-# tests (sql/, expected/) and the Perl TAP tests (t/*.pl) as the postgres
-# user. Run as root on Debian 12.
-#   bash scripts/test.sh            everything
-#   bash scripts/test.sh --unit     only the Rust unit tests
-#   bash scripts/test.sh --regress  only pg_regress
-#   bash scripts/test.sh --tap [t/NNN_x.pl ...]  only TAP (all or the named files)
-#   bash scripts/test.sh --core     only PostgreSQL's own regression suite
-#                                   with the library preloaded (scripts/core_regress.sh)
+# tests (sql/, expected/), the Perl TAP tests (t/*.pl) as the postgres user
+# and PostgreSQL's own regression suite with the library preloaded. Run as
+# root on Debian 12.
+#   bash scripts/test.sh                 the CI matrix: everything on 15, and on
+#                                        18 the unit tests, pg_regress and the
+#                                        TAP tests in VERSION_TAP (builds 18
+#                                        from source the first time)
+#   bash scripts/test.sh --pg N          everything on one version (15, 17, 18)
+#   bash scripts/test.sh --pg all        everything on 15, 17 and 18
+# Parts (combinable; with none given, all of them):
+#   --unit  Rust unit tests    --regress  pg_regress    --core  PostgreSQL's
+#   own suite with the library preloaded (scripts/core_regress.sh)
+#   --tap [t/NNN_x.pl ...]  TAP (all or the named files; must come last)
 set -euo pipefail
 source "$(dirname "$0")/common.sh"
 
-run_unit=1 run_regress=1 run_tap=1 run_core=1 tap_files=()
-case "${1:-}" in
-    --unit) run_regress=0; run_tap=0; run_core=0 ;;
-    --regress) run_unit=0; run_tap=0; run_core=0 ;;
-    --tap) run_unit=0; run_regress=0; run_core=0; shift; tap_files=("$@") ;;
-    --core) run_unit=0; run_regress=0; run_tap=0 ;;
-    "") ;;
-    *) echo "usage: $0 [--unit | --regress | --tap [t/file.pl ...] | --core]" >&2; exit 2 ;;
+# On the second version of the CI matrix: what depends on the server's own
+# code paths (WAL writes and syncs, crash recovery, commit and sequence
+# internals, error reports), within the time CI has.
+CI_SECOND_PG=18
+VERSION_TAP="t/002_forced.pl t/011_crash_torture.pl t/013_hardening.pl t/014_wal_buffer.pl
+  t/015_crash_torture_wal_buffer.pl t/016_error_reports.pl t/017_wal_buffer_shared.pl
+  t/019_sequence_new_in_transaction.pl t/021_loss_budget.pl t/022_lost_commits.pl"
+
+pg_arg=
+if [ "${1:-}" = --pg ]; then pg_arg=${2:?--pg needs a version: 15, 17, 18 or all}; shift 2; fi
+
+# Several versions: each runs in its own invocation; the totals are summed.
+run_matrix() {
+    local total_passed=0 total_failed=0 total_skipped=0 lines=() v args out status
+    while [ $# -gt 0 ]; do
+        v=$1; args=$2; shift 2
+        out=$(mktemp)
+        set +e
+        # shellcheck disable=SC2086
+        bash "$0" --pg "$v" $args 2>&1 | tee "$out"
+        status=${PIPESTATUS[0]}
+        set -e
+        summary=$(grep -E '^results: [0-9]+ passed, [0-9]+ failed, [0-9]+ skipped' "$out" | tail -n1)
+        rm -f "$out"
+        if [ -z "$summary" ]; then summary="results: 0 passed, 1 failed, 0 skipped"; fi
+        read -r p f k < <(echo "$summary" | sed 's/results: \([0-9]*\) passed, \([0-9]*\) failed, \([0-9]*\) skipped/\1 \2 \3/')
+        if [ "$status" != 0 ] && [ "$f" = 0 ]; then f=1; fi
+        total_passed=$((total_passed + p)); total_failed=$((total_failed + f)); total_skipped=$((total_skipped + k))
+        lines+=("PostgreSQL $v${args:+ ($args)}: $p passed, $f failed, $k skipped")
+    done
+    echo
+    printf '%s\n' "${lines[@]}"
+    echo "results: $total_passed passed, $total_failed failed, $total_skipped skipped"
+    [ "$total_failed" = 0 ]
+}
+
+case "$pg_arg" in
+    "")
+        [ $# -eq 0 ] || { echo "parts (--unit, --tap ...) need --pg N" >&2; exit 2; }
+        run_matrix 15 "" "$CI_SECOND_PG" "--unit --regress --tap $(echo $VERSION_TAP)"
+        exit $? ;;
+    all)
+        args="$*"
+        run_matrix 15 "$args" 17 "$args" 18 "$args"
+        exit $? ;;
+    *) select_pg "$pg_arg" ;;
 esac
+
+run_unit=0 run_regress=0 run_tap=0 run_core=0 tap_files=()
+if [ $# -eq 0 ]; then run_unit=1 run_regress=1 run_tap=1 run_core=1; fi
+while [ $# -gt 0 ]; do
+    case "$1" in
+        --unit) run_unit=1 ;;
+        --regress) run_regress=1 ;;
+        --core) run_core=1 ;;
+        --tap) run_tap=1; shift; tap_files=("$@"); break ;;
+        *) echo "usage: $0 [--pg 15|17|18|all] [--unit] [--regress] [--core] [--tap [t/file.pl ...]]" >&2; exit 2 ;;
+    esac
+    shift
+done
 
 install_dependencies
 build_and_install
@@ -45,7 +101,7 @@ chown -R postgres: "$work"
 if [ $run_unit = 1 ]; then
     log "Rust unit tests (cargo test --lib)"
     set +e
-    (cd "$REPO_ROOT" && cargo test --lib 2>&1) | tee "$work/unit.log"
+    cargo_pg test --lib 2>&1 | tee "$work/unit.log"
     unit_status=${PIPESTATUS[0]}
     set -e
     ok=$(awk '/^test result:/ { n += $4 } END { print n + 0 }' "$work/unit.log")
@@ -104,7 +160,7 @@ fi
 if [ $run_core = 1 ]; then
     log "PostgreSQL's regression suite with the library preloaded (scripts/core_regress.sh)"
     set +e
-    bash "$REPO_ROOT/scripts/core_regress.sh" --no-build 2>&1 | tee "$work/core_regress.log"
+    PG_MAJOR=$PG_MAJOR bash "$REPO_ROOT/scripts/core_regress.sh" --no-build 2>&1 | tee "$work/core_regress.log"
     core_status=${PIPESTATUS[0]}
     set -e
     ok=$(sed -n 's/^core_regress: \([0-9]*\) passed, \([0-9]*\) failed$/\1/p' "$work/core_regress.log")
@@ -120,5 +176,6 @@ if [ "$failed" = 0 ]; then
 else
     echo "(logs in $work)"
 fi
+echo "PostgreSQL $PG_MAJOR ($("$PG_CONFIG" --version))"
 echo "results: $passed passed, $failed failed, $skipped skipped"
 [ "$failed" = 0 ]
