@@ -10,7 +10,9 @@ import subprocess
 import tempfile
 import time
 
-PGBIN = "/usr/lib/postgresql/15/bin"
+# The server's binaries: run.sh exports PGBIN for the version it built for
+# (--pg N); Debian's PostgreSQL 15 otherwise.
+PGBIN = os.environ.get("PGBIN", "/usr/lib/postgresql/15/bin")
 
 
 class Unavailable(Exception):

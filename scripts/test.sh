@@ -39,7 +39,7 @@ run_matrix() {
         bash "$0" --pg "$v" $args 2>&1 | tee "$out"
         status=${PIPESTATUS[0]}
         set -e
-        summary=$(grep -E '^results: [0-9]+ passed, [0-9]+ failed, [0-9]+ skipped' "$out" | tail -n1)
+        summary=$(grep -E '^results: [0-9]+ passed, [0-9]+ failed, [0-9]+ skipped' "$out" | tail -n1 || true)
         rm -f "$out"
         if [ -z "$summary" ]; then summary="results: 0 passed, 1 failed, 0 skipped"; fi
         read -r p f k < <(echo "$summary" | sed 's/results: \([0-9]*\) passed, \([0-9]*\) failed, \([0-9]*\) skipped/\1 \2 \3/')
@@ -140,7 +140,7 @@ if [ $run_tap = 1 ]; then
     # failure on CI unless allowed in TAP_ALLOW_SKIP), a file that dies or
     # misses its plan is a failure even when another file failed too.
     cp "$REPO_ROOT/scripts/tap_run.pl" "$work/"
-    (cd "$work" && as_postgres env PATH="$PGBIN:$PATH" \
+    (cd "$work" && as_postgres env PATH="$PGBIN:$PATH" PGBIN="$PGBIN" \
         PERL5LIB="$PGXS/src/test/perl:$work/t" \
         PG_REGRESS="$PGXS/src/test/regress/pg_regress" \
         TESTDIR="$work/tap" REPO_WORK="$work" ${CI:+CI=$CI} ${TAP_ALLOW_SKIP:+TAP_ALLOW_SKIP="$TAP_ALLOW_SKIP"} \
@@ -149,7 +149,7 @@ if [ $run_tap = 1 ]; then
         perl tap_run.pl "${tap_files[@]}") 2>&1 | tee "$work/prove.log"
     tap_status=${PIPESTATUS[0]}
     set -e
-    summary=$(grep -E '^tap: [0-9]+ passed, [0-9]+ failed, [0-9]+ skipped' "$work/prove.log" | tail -n1)
+    summary=$(grep -E '^tap: [0-9]+ passed, [0-9]+ failed, [0-9]+ skipped' "$work/prove.log" | tail -n1 || true)
     ok=$(echo "$summary" | sed -n 's/^tap: \([0-9]*\) passed.*/\1/p')
     bad=$(echo "$summary" | sed -n 's/^tap: [0-9]* passed, \([0-9]*\) failed.*/\1/p')
     skipped=$((skipped + $(echo "$summary" | sed -n 's/.* failed, \([0-9]*\) skipped.*/\1/p' | grep . || echo 0)))

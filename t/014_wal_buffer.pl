@@ -241,6 +241,36 @@ like(slurp_file($standby->logfile), qr/standby mode, the persistent WAL buffer .
 is($standby->safe_psql('postgres', 'SELECT wal_buffer_is_pmem IS NULL FROM delayed_durability_status()'), 't', 'standby: buffer off');
 is($standby->safe_psql('postgres', 'SELECT count(*) FROM t'), '15750', 'standby replays the primary\'s WAL');
 $standby->stop;
+
+# 5b. PostgreSQL 18 reads through asynchronous I/O (io_method), but WAL is
+# still written and synced by XLogWrite and issue_xlog_fsync with plain
+# pg_pwrite and pg_fdatasync in the committing process: the interposition
+# holds under every method this server offers (io_uring only when built
+# with liburing).
+if ($node->pg_version >= 18)
+{
+	my @methods = split /,/, $node->safe_psql('postgres',
+		"SELECT array_to_string(enumvals, ',') FROM pg_settings WHERE name = 'io_method'");
+	cmp_ok(scalar @methods, '>=', 2, 'io_method offers sync and worker at least');
+	my ($rows, $next) = (15750, 751);
+	for my $method (@methods)
+	{
+		$node->append_conf('postgresql.conf', "io_method = $method\n");
+		$node->restart;
+		is($node->safe_psql('postgres', 'SHOW io_method'), $method, "io_method = $method in effect");
+		my $avoided = status($node)->{avoided};
+		my $io_trace = start_fsync_trace($node);
+		# A sequential scan read through a read stream, then durable commits.
+		$node->safe_psql('postgres', "SELECT count(*) FROM t;\n" . insert_script($next, $next + 19));
+		cmp_ok(status($node)->{avoided} - $avoided, '>=', 20, "io_method = $method: durable commits skip their fsync");
+		kill_everything($node);
+		stop_fsync_trace($io_trace);
+		zero_unsynced_wal($node, $io_trace);
+		$node->start;
+		($rows, $next) = ($rows + 20, $next + 20);
+		is($node->safe_psql('postgres', 'SELECT count(*) FROM t'), $rows, "io_method = $method: every commit survives a power cut");
+	}
+}
 $node->stop;
 
 # 6. Negative control: the same power cut without the buffer, with

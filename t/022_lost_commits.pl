@@ -5,6 +5,7 @@
 # more unflushed commits than the record holds.
 use strict;
 use warnings;
+use File::Spec;
 use PostgreSQL::Test::Utils;
 use Test::More;
 use DelayedDurabilityTest;
@@ -262,7 +263,9 @@ $node->stop;
 # next to it and survives an operating-system restart: the report stays
 # exact. (libpmem is told the file is persistent memory; the file system is
 # a disk one, as a DAX mount would be.)
-my $pmem_dir = PostgreSQL::Test::Utils::tempdir('pmem');
+# Absolute: the server reads the path from its data directory, and 18's
+# tempdir() returns a path relative to the test's directory.
+my $pmem_dir = File::Spec->rel2abs(PostgreSQL::Test::Utils::tempdir('pmem'));
 my $buffer = "$pmem_dir/wal.buf";
 {
 	local $ENV{PMEM_IS_PMEM_FORCE} = '1';
