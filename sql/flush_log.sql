@@ -20,15 +20,11 @@ SELECT pg_typeof(insert_lsn), pg_typeof(flush_lsn), pg_typeof(bytes_at_risk), pg
 SELECT insert_lsn >= flush_lsn AS ordered FROM delayed_durability_status();
 -- wal_flushes is PostgreSQL's own count of WAL fsyncs: pg_stat_wal.wal_sync
 -- up to 17; PostgreSQL 18 dropped that column for pg_stat_io's WAL rows.
-SELECT current_setting('server_version_num')::int >= 180000 AS wal_io_in_pg_stat_io \gset
-\if :wal_io_in_pg_stat_io
-SELECT s.wal_flushes = w.fsyncs AS same_as_postgresql_count
-  FROM delayed_durability_status() AS s,
-       (SELECT sum(fsyncs) AS fsyncs FROM pg_stat_io WHERE object = 'wal' AND context = 'normal') AS w;
-\else
-SELECT s.wal_flushes = w.wal_sync AS same_as_postgresql_count
-  FROM delayed_durability_status() AS s, pg_stat_wal AS w;
-\endif
+SELECT CASE WHEN current_setting('server_version_num')::int >= 180000
+            THEN '(SELECT sum(fsyncs) FROM pg_stat_io WHERE object = ''wal'' AND context = ''normal'')'
+            ELSE '(SELECT wal_sync FROM pg_stat_wal)' END AS postgresql_wal_fsyncs \gset
+SELECT s.wal_flushes = :postgresql_wal_fsyncs AS same_as_postgresql_count
+  FROM delayed_durability_status() AS s;
 
 -- Right after a segment switch the insert position sits after the next
 -- segment's page header: flush_log() must not ask for bytes nobody wrote.
