@@ -7,7 +7,8 @@
 # another suite is installed (they would pull a newer libc). Each step leaves
 # a stamp, so the script is idempotent and resumes where it stopped. The
 # server is built with PostgreSQL's own flags (no Debian hardening: no
-# -z now, lazy binding), TAP tests enabled, and amcheck installed.
+# -z now, lazy binding), TAP tests enabled, io_uring for 18, and amcheck
+# installed.
 # PG_BUILD_CACHE (default /var/cache/delayed_durability) holds source, build
 # and prefix: servers run as the postgres user, which cannot enter /root.
 set -euo pipefail
@@ -15,9 +16,12 @@ source "$(dirname "$0")/common.sh"
 need_root
 
 major=${1:-}
+# suite: where apt finds the source; fallback: a Debian source version whose
+# files are fetched straight from the pool when the suite's index names a
+# version the mirror does not have (yet).
 case "$major" in
-    17) suite=trixie ;;
-    18) suite=sid ;;
+    17) suite=trixie fallback=17.11-0+deb13u1 ;;
+    18) suite=sid fallback=18.6-3 ;;
     *) echo "usage: $0 17|18" >&2; exit 2 ;;
 esac
 jobs=${JOBS:-$(nproc)}
@@ -26,12 +30,21 @@ prefix=$CACHE/pg$major
 build=$CACHE/build/pg$major
 mkdir -p "$build"
 
+# 18's asynchronous I/O gets io_uring too, so that every io_method is tested.
+configure_args=(--prefix="$prefix" --enable-tap-tests --enable-debug --with-icu)
+packages=(bison flex libreadline-dev zlib1g-dev libicu-dev pkg-config build-essential libipc-run-perl dpkg-dev curl)
+if [ "$major" -ge 18 ]; then configure_args+=(--with-liburing); packages+=(liburing-dev); fi
+# A build made with other options is redone from a fresh source tree.
+if [ -f "$build/.extracted" ] && [ "$(cat "$build/.configured" 2>/dev/null)" != "${configure_args[*]}" ]; then
+    rm -f "$build/.extracted" "$build/.configured" "$build/.built" "$prefix/.complete"
+fi
+
 if [ -f "$prefix/.complete" ]; then
     log "PostgreSQL $major already built in $prefix ($("$prefix/bin/pg_config" --version))"
     exit 0
 fi
 
-install_packages bison flex libreadline-dev zlib1g-dev libicu-dev pkg-config build-essential libipc-run-perl dpkg-dev
+install_packages "${packages[@]}"
 
 if [ ! -f "$build/.fetched" ]; then
     log "fetching Debian's postgresql-$major source package ($suite) into $build"
@@ -41,7 +54,14 @@ if [ ! -f "$build/.fetched" ]; then
     O=(-o Dir::Etc::SourceList="$apt_dir/sources.list" -o Dir::Etc::SourceParts=/dev/null
        -o Dir::State::Lists="$apt_dir/lists")
     apt-get "${O[@]}" update -qq >&2
-    (cd "$build" && apt-get "${O[@]}" source --download-only "postgresql-$major") >&2
+    if ! (cd "$build" && apt-get "${O[@]}" source --download-only "postgresql-$major") >&2; then
+        log "apt could not fetch it; taking postgresql-$major $fallback from the pool, checked against its .dsc"
+        pool=http://deb.debian.org/debian/pool/main/p/postgresql-$major
+        dsc=postgresql-${major}_$fallback.dsc orig=postgresql-${major}_${fallback%%-*}.orig.tar.bz2
+        (cd "$build" && curl -fsSL -o "$dsc" "$pool/$dsc" && curl -fsSL -o "$orig" "$pool/$orig" \
+            && sed -n '/^Checksums-Sha256:/,/^[^ ]/p' "$dsc" | awk -v f="$orig" '$3 == f { print $1 "  " f }' \
+               | grep . | sha256sum -c -) >&2 || { echo "could not fetch the PostgreSQL $major source" >&2; exit 1; }
+    fi
     touch "$build/.fetched"
 fi
 
@@ -56,10 +76,10 @@ fi
 src=${src%/}
 
 if [ ! -f "$build/.configured" ]; then
-    log "configuring $(basename "$src") for $prefix"
-    (cd "$src" && ./configure --prefix="$prefix" --enable-tap-tests --enable-debug --with-icu \
-        CFLAGS="-O2" >"$build/configure.log" 2>&1) || { tail -30 "$build/configure.log" >&2; exit 1; }
-    touch "$build/.configured"
+    log "configuring $(basename "$src") for $prefix (${configure_args[*]})"
+    (cd "$src" && ./configure "${configure_args[@]}" CFLAGS="-O2" >"$build/configure.log" 2>&1) \
+        || { tail -30 "$build/configure.log" >&2; exit 1; }
+    echo "${configure_args[*]}" > "$build/.configured"
 fi
 
 if [ ! -f "$build/.built" ]; then

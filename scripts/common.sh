@@ -29,7 +29,8 @@ select_pg() {
         PGXS=$PG_BUILD_CACHE/pg$PG_MAJOR/lib/postgresql/pgxs
     fi
     PG_CONFIG=$PGBIN/pg_config
-    export PG_MAJOR PGBIN PG_CONFIG PGXS
+    # Not exported: PostgreSQL's own makefiles (build_pg.sh) take an
+    # exported PGXS for an extension build.
 }
 select_pg "${PG_MAJOR:-$DEBIAN_PG_MAJOR}"
 

@@ -10,7 +10,7 @@
 #                                        from source the first time)
 #   bash scripts/test.sh --pg N          everything on one version (15, 17, 18)
 #   bash scripts/test.sh --pg all        everything on 15, 17 and 18
-# Parts (combinable; with none given, all of them):
+# Parts (combinable; with none given, all of them; without --pg, on 15):
 #   --unit  Rust unit tests    --regress  pg_regress    --core  PostgreSQL's
 #   own suite with the library preloaded (scripts/core_regress.sh)
 #   --tap [t/NNN_x.pl ...]  TAP (all or the named files; must come last)
@@ -55,9 +55,12 @@ run_matrix() {
 
 case "$pg_arg" in
     "")
-        [ $# -eq 0 ] || { echo "parts (--unit, --tap ...) need --pg N" >&2; exit 2; }
-        run_matrix 15 "" "$CI_SECOND_PG" "--unit --regress --tap $(echo $VERSION_TAP)"
-        exit $? ;;
+        # Parts without --pg: on Debian's 15.
+        if [ $# -gt 0 ]; then select_pg "$DEBIAN_PG_MAJOR"
+        else
+            run_matrix 15 "" "$CI_SECOND_PG" "--unit --regress --tap $(echo $VERSION_TAP)"
+            exit $?
+        fi ;;
     all)
         args="$*"
         run_matrix 15 "$args" 17 "$args" 18 "$args"
