@@ -54,7 +54,7 @@ AS 'MODULE_PATHNAME', 'delayed_durability_oldest_unflushed_commit_age_wrapper';
 -- PostgreSQL's WAL fsync count, read where the server version keeps it
 -- (pg_stat_wal up to 17, pg_stat_io from 18).
 CREATE FUNCTION "delayed_durability_wal_fsyncs"() RETURNS bigint
-STRICT VOLATILE PARALLEL SAFE
+STRICT VOLATILE PARALLEL RESTRICTED
 LANGUAGE c
 AS 'MODULE_PATHNAME', 'delayed_durability_wal_fsyncs_wrapper';
 
@@ -73,7 +73,7 @@ CREATE FUNCTION delayed_durability_status(
     OUT wal_buffer_restored_bytes bigint,
     OUT oldest_unflushed_commit_age interval)
 RETURNS record
-LANGUAGE sql VOLATILE PARALLEL SAFE
+LANGUAGE sql VOLATILE PARALLEL RESTRICTED
 AS $$
     SELECT '0/0'::pg_lsn + p.insert_end::numeric,
            '0/0'::pg_lsn + p.flush_end::numeric,

@@ -70,7 +70,7 @@ VARIANTS = [
 WORKLOADS = ("server loop", "pgbench, 1 client", "pgbench, 4 clients")
 
 # One session per loop run: the clock around the CALL only, this session's
-# WAL fsyncs (pg_stat_wal.wal_sync, statistics forced out before reading, as
+# WAL fsyncs (PostgreSQL's count: pg_stat_wal.wal_sync, pg_stat_io from 18; statistics forced out before reading, as
 # in harness.measure), the database's budget flushes and the WAL written
 # around it; the commits are the rows the loop inserted into the emptied t1.
 LOOP_TEMPLATE = """
@@ -283,7 +283,7 @@ def exp7_loss_budget(c, scale, log):
         f"Settings are applied with ALTER SYSTEM + pg_reload_conf(); the server keeps its defaults "
         f"wal_writer_delay = {writer_delay} and wal_writer_flush_after = {writer_flush_after}, so without a "
         "budget the WAL writer alone bounds what a crash can lose.",
-        "wal_flushes_per_commit is the pg_stat_wal.wal_sync delta: the committing backends' own fsyncs "
+        "wal_flushes_per_commit is the delta of PostgreSQL's WAL fsync count (pg_stat_wal.wal_sync; pg_stat_io from 18): the committing backends' own fsyncs "
         "(durable commits, budget flushes) are exact; the WAL writer publishes its counts at most once a "
         "second, so with short rounds its share (most of the flushes of unbounded delayed commits) is "
         "approximate and may land in a neighbouring run. budget_flushes_per_commit "

@@ -111,7 +111,8 @@ class Cluster:
 
 
 # Measures one piece of work: server clock around it only, and WAL fsyncs as
-# the pg_stat_wal.wal_sync delta. Statistics are forced out before reading
+# the delta of PostgreSQL's WAL fsync count (pg_stat_wal.wal_sync, pg_stat_io
+# from 18, read by delayed_durability_wal_fsyncs()). Statistics are forced out before reading
 # (backends publish them when idle, pg_stat_force_next_flush() makes the next
 # idle moment publish at once), and all in one session so the working
 # backend's own fsyncs are counted.

@@ -4,7 +4,8 @@
 Creates throwaway clusters (as the postgres user, the extension preloaded),
 runs each experiment, and writes report.md plus one PNG chart per
 experiment. Durations are the server clock around the work only; "log
-flushes" are WAL fsyncs, the pg_stat_wal.wal_sync delta.
+flushes" are WAL fsyncs, the delta of PostgreSQL's count (pg_stat_wal.wal_sync;
+pg_stat_io from 18).
 
     python3 pgbench/run.py [--scale tiny|quick|full] [--out DIR] [--only 1,2,...]
 """
@@ -230,7 +231,7 @@ def exp4_concurrent(c, scale, log):
                        f"Group commit: the durable run needed {results[0]['flushes']:,} WAL flushes for "
                        f"{results[0]['commits']:,} commits ({results[0]['commits'] / max(results[0]['flushes'], 1):.1f} "
                        "commits per flush), since concurrent commits share one fsync.",
-                       "Log flushes per second are sampled from pg_stat_wal once a second; backends publish "
+                       "Log flushes per second are sampled from PostgreSQL's WAL fsync count once a second; backends publish "
                        "their counters at most once a second, so the line is coarse."],
                 chart=("lines", series))
 
@@ -278,7 +279,9 @@ def exp5_pmem(c, scale, log):
                 secs, syncs = measure(cl, f"CALL insert_loop({n});", setup=f"SET delayed_durability.mode = '{mode}';")
                 avoided1, drains1 = buffer_counters(cl)
                 if absorbed_counted:
-                    syncs -= avoided1 - avoided0
+                    # Counters read outside the measured window: a few
+                    # either way, never below zero.
+                    syncs = max(syncs - (avoided1 - avoided0), 0)
                 runs[label].append(dict(variant=label, transactions=n, seconds=secs, flushes=syncs,
                                         fsyncs_avoided=avoided1 - avoided0, buffer_drains=drains1 - drains0))
         # The median run of each variant (the middle one of an odd count).
@@ -298,7 +301,7 @@ def exp5_pmem(c, scale, log):
                 time.sleep(1.1)  # let backends publish their last WAL statistics
                 after = wal_sync_total(cl)
                 if absorbed_counted:
-                    after -= buffer_counters(cl)[0] - avoided0
+                    after = max(after - (buffer_counters(cl)[0] - avoided0), before)
                 cl.psql("ALTER SYSTEM RESET delayed_durability.mode; SELECT pg_reload_conf();")
                 tput.append(dict(variant=label, clients=clients, transactions=done, tps=round(tps),
                                  flushes=after - before))
@@ -494,7 +497,7 @@ def machine_description():
         mem = f", {kb // 1048576} GiB RAM"
     except (OSError, ValueError, IndexError):
         pass
-    pg = subprocess.run(["/usr/lib/postgresql/15/bin/postgres", "--version"], capture_output=True, text=True).stdout.strip()
+    pg = subprocess.run([os.path.join(harness.PGBIN, "postgres"), "--version"], capture_output=True, text=True).stdout.strip()
     return f"{os.cpu_count()} x {cpu}{mem}, {platform.platform()}, {pg}"
 
 

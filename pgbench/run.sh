@@ -18,7 +18,7 @@ while [ $# -gt 0 ]; do
     esac
 done
 if [ "$PG_MAJOR" != "$DEBIAN_PG_MAJOR" ]; then
-    case " ${args[*]-} " in *" --out "*) ;; *) args+=(--out "$REPO_ROOT/pgbench/report/pg$PG_MAJOR") ;; esac
+    case " ${args[*]-} " in *" --out "*|*" --out="*) ;; *) args+=(--out "$REPO_ROOT/pgbench/report/pg$PG_MAJOR") ;; esac
 fi
 install_dependencies
 build_and_install

@@ -28,6 +28,8 @@ jobs=${JOBS:-$(nproc)}
 CACHE=${PG_BUILD_CACHE:-/var/cache/delayed_durability}
 prefix=$CACHE/pg$major
 build=$CACHE/build/pg$major
+# The postgres user must reach the prefix, whatever the caller's umask.
+install -d -m 755 "$CACHE" "$CACHE/build"
 mkdir -p "$build"
 
 # 18's asynchronous I/O gets io_uring too, so that every io_method is tested.
@@ -56,7 +58,7 @@ if [ ! -f "$build/.fetched" ]; then
     apt-get "${O[@]}" update -qq >&2
     if ! (cd "$build" && apt-get "${O[@]}" source --download-only "postgresql-$major") >&2; then
         log "apt could not fetch it; taking postgresql-$major $fallback from the pool, checked against its .dsc"
-        pool=http://deb.debian.org/debian/pool/main/p/postgresql-$major
+        pool=https://deb.debian.org/debian/pool/main/p/postgresql-$major
         dsc=postgresql-${major}_$fallback.dsc orig=postgresql-${major}_${fallback%%-*}.orig.tar.bz2
         (cd "$build" && curl -fsSL -o "$dsc" "$pool/$dsc" && curl -fsSL -o "$orig" "$pool/$orig" \
             && sed -n '/^Checksums-Sha256:/,/^[^ ]/p' "$dsc" | awk -v f="$orig" '$3 == f { print $1 "  " f }' \
@@ -83,7 +85,7 @@ if [ ! -f "$build/.configured" ]; then
 fi
 
 if [ ! -f "$build/.built" ]; then
-    log "building PostgreSQL $major with $jobs jobs (about 10 minutes on 2 cores; log: $build/make.log)"
+    log "building PostgreSQL $major with $jobs jobs (about 5 minutes on 2 cores; log: $build/make.log)"
     (cd "$src" && make -j"$jobs" >"$build/make.log" 2>&1 \
         && make -C contrib/amcheck -j"$jobs" >>"$build/make.log" 2>&1) \
         || { tail -30 "$build/make.log" >&2; exit 1; }

@@ -32,7 +32,9 @@ select_pg() {
     # Not exported: PostgreSQL's own makefiles (build_pg.sh) take an
     # exported PGXS for an extension build.
 }
-select_pg "${PG_MAJOR:-$DEBIAN_PG_MAJOR}"
+# DD_PG_MAJOR passes the choice to a child script (PG_MAJOR itself is often
+# set by container images for their own server).
+select_pg "${DD_PG_MAJOR:-$DEBIAN_PG_MAJOR}"
 
 # cargo arguments for the selected version. 15 builds into the checkout's
 # target/ with the default feature; the others each get a target directory

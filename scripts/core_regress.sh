@@ -39,7 +39,7 @@ mkdir -p "$CACHE/src"
 if [ "$PG_MAJOR" != "$DEBIAN_PG_MAJOR" ]; then
     # Built from source by scripts/build_pg.sh: the server's own tree.
     src=$(ls -d "$PG_BUILD_CACHE"/build/pg$PG_MAJOR/postgresql-$PG_MAJOR.*/ 2>/dev/null | sort -V | tail -n1 || true)
-    [ -n "$src" ] || { echo "no PostgreSQL $PG_MAJOR source tree: run scripts/build_pg.sh $PG_MAJOR" >&2; exit 1; }
+    [ -n "$src" ] || { echo "no PostgreSQL $PG_MAJOR source tree: remove $PG_BUILD_CACHE/pg$PG_MAJOR/.complete and run scripts/build_pg.sh $PG_MAJOR" >&2; exit 1; }
 else
     src=$(ls -d "$CACHE"/src/postgresql-$PG_MAJOR.*/ 2>/dev/null | sort -V | tail -n1 || true)
 fi
@@ -127,7 +127,8 @@ if run_suite baseline; then
     baseline_ok=1
     unexplained=$(grep -E '\.\.\. FAILED' "$work/baseline.log" | awk '{print ($1 == "test") ? $2 : $1}' |
         while read -r t; do [ -n "${VERSION_SKEW[$t]:-}" ] || echo "$t"; done || true)
-    if [ -z "$unexplained" ]; then check OK "baseline: fails only where $src_version files meet a $server_version server"
+    if [ -z "$unexplained" ] && [ "$src_version" = "$server_version" ]; then check OK "baseline: reference run of the $server_version suite"
+    elif [ -z "$unexplained" ]; then check OK "baseline: fails only where $src_version files meet a $server_version server"
     else check FAIL "baseline: failures not explained by version skew: $(echo $unexplained) (see $work/baseline/regression.diffs)"; fi
 else check FAIL "baseline: pg_regress did not run or the probe failed (see $work/baseline.log)"; fi
 

@@ -76,6 +76,7 @@ while [ $# -gt 0 ]; do
         --regress) run_regress=1 ;;
         --core) run_core=1 ;;
         --tap) run_tap=1; shift; tap_files=("$@"); break ;;
+        --pg) echo "--pg comes first: $0 --pg N [parts]" >&2; exit 2 ;;
         *) echo "usage: $0 [--pg 15|17|18|all] [--unit] [--regress] [--core] [--tap [t/file.pl ...]]" >&2; exit 2 ;;
     esac
     shift
@@ -163,7 +164,7 @@ fi
 if [ $run_core = 1 ]; then
     log "PostgreSQL's regression suite with the library preloaded (scripts/core_regress.sh)"
     set +e
-    PG_MAJOR=$PG_MAJOR bash "$REPO_ROOT/scripts/core_regress.sh" --no-build 2>&1 | tee "$work/core_regress.log"
+    DD_PG_MAJOR=$PG_MAJOR bash "$REPO_ROOT/scripts/core_regress.sh" --no-build 2>&1 | tee "$work/core_regress.log"
     core_status=${PIPESTATUS[0]}
     set -e
     ok=$(sed -n 's/^core_regress: \([0-9]*\) passed, \([0-9]*\) failed$/\1/p' "$work/core_regress.log")

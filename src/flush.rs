@@ -116,8 +116,9 @@ fn delayed_durability_wal_positions(
 /// PostgreSQL's own count of WAL fsyncs, for delayed_durability_status().
 /// Up to 17 it is pg_stat_wal.wal_sync; 18 moved WAL I/O to pg_stat_io
 /// (object 'wal', context 'normal': the syncs of written WAL, not of new
-/// segments, as wal_sync counted).
-#[pg_extern(volatile, parallel_safe)]
+/// segments, as wal_sync counted). Parallel restricted like the statistics
+/// functions it reads.
+#[pg_extern(volatile, parallel_restricted)]
 fn delayed_durability_wal_fsyncs() -> Option<i64> {
     #[cfg(not(feature = "pg18"))]
     const QUERY: &str = "SELECT wal_sync FROM pg_catalog.pg_stat_wal";

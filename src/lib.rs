@@ -86,7 +86,7 @@ CREATE FUNCTION delayed_durability_status(
     OUT wal_buffer_restored_bytes bigint,
     OUT oldest_unflushed_commit_age interval)
 RETURNS record
-LANGUAGE sql VOLATILE PARALLEL SAFE
+LANGUAGE sql VOLATILE PARALLEL RESTRICTED
 AS $$
     SELECT '0/0'::pg_lsn + p.insert_end::numeric,
            '0/0'::pg_lsn + p.flush_end::numeric,
