@@ -1,0 +1,76 @@
+"""Side by side: the same quick-scale experiments on several PostgreSQL
+major versions, from the results.json files the main job writes.
+
+    python3 pgbench/compare_versions.py pgbench/results/quick pgbench/results/quick-pg17 ...
+
+Prints a Markdown table of what can differ between versions: WAL volume,
+WAL fsyncs (group commit), and the durable/delayed ratios. Seconds are
+printed only as ratios measured within one run: runs on different days on a
+shared VM are not comparable in absolute time.
+"""
+import json
+import os
+import sys
+
+
+def load(path):
+    with open(os.path.join(path, "results.json")) as f:
+        data = json.load(f)
+    return data.get("server_version", "15 (before versions were recorded)"), data["results"]
+
+
+def row(rows, **match):
+    for r in rows:
+        if all(r.get(k) == v for k, v in match.items()):
+            return r
+    return None
+
+
+def figures(results):
+    """(label, value) pairs, None where the experiment did not run."""
+    out = []
+    e1 = results.get("1", {}).get("rows", [])
+    durable, delayed = row(e1, variant="traditional (durable)"), row(e1, variant="delayed (commit_delayed())")
+    if durable and delayed:
+        out.append(("1. 100,000 single-row commits: durable / delayed time", f"{durable['seconds'] / delayed['seconds']:.1f}x"))
+        out.append(("1. WAL fsyncs, durable / delayed", f"{durable['flushes']} / {delayed['flushes']}"))
+    e2 = results.get("2", {}).get("rows", [])
+    small = row(e2, table="permanent", durability="durable", transactions=200000)
+    if small:
+        out.append(("2. 200,000 durable commits, permanent table: WAL fsyncs", str(small["flushes"])))
+    e4 = results.get("4", {}).get("rows", [])
+    durable4, delayed4 = row(e4, variant="durable"), row(e4, variant="delayed")
+    if durable4 and delayed4:
+        out.append(("4. 5 clients, 50,000 durable commits: WAL fsyncs (group commit)", str(durable4["flushes"])))
+        out.append(("4. durable / delayed time", f"{durable4['seconds'] / max(delayed4['seconds'], 1e-9):.1f}x"))
+    e5 = results.get("5", {}).get("rows", [])
+    fsync5, buf5 = row(e5, variant="durable, WAL fsync"), row(e5, variant="durable, WAL buffer on /dev/shm")
+    if fsync5 and buf5:
+        out.append(("5. durable with the WAL buffer: fsyncs avoided / real fsyncs",
+                    f"{buf5['fsyncs_avoided']} / {buf5['flushes']}"))
+        out.append(("5. WAL fsync / WAL buffer time", f"{fsync5['seconds'] / max(buf5['seconds'], 1e-9):.1f}x"))
+    e6 = results.get("6", {}).get("rows", [])
+    for step in ("insert", "update", "delete"):
+        r = row(e6, step=step, wal_segment_mb=64)
+        if r:
+            out.append((f"6. WAL written by the 300,000-row {step} (MB)", str(r["wal_mb"])))
+    return out
+
+
+def main():
+    paths = sys.argv[1:]
+    if not paths:
+        sys.exit(__doc__)
+    runs = [load(p) for p in paths]
+    table = [dict(figures(results)) for _, results in runs]
+    labels = []
+    for t in table:
+        labels += [k for k in t if k not in labels]
+    print("| figure | " + " | ".join(f"PostgreSQL {v}" for v, _ in runs) + " |")
+    print("|---|" + "---|" * len(runs))
+    for label in labels:
+        print(f"| {label} | " + " | ".join(t.get(label, "—") for t in table) + " |")
+
+
+if __name__ == "__main__":
+    main()
