@@ -4,10 +4,11 @@
 # tests (sql/, expected/), the Perl TAP tests (t/*.pl) as the postgres user
 # and PostgreSQL's own regression suite with the library preloaded. Run as
 # root on Debian 12.
-#   bash scripts/test.sh                 the CI matrix: everything on 15, and on
-#                                        18 the unit tests, pg_regress and the
-#                                        TAP tests in VERSION_TAP (builds 18
-#                                        from source the first time)
+#   bash scripts/test.sh                 the CI matrix: everything on 15; on 18
+#                                        the unit tests, pg_regress and the TAP
+#                                        tests in VERSION_TAP; on 17 pg_regress
+#                                        and the WAL buffer's TAP tests (builds
+#                                        17 and 18 from source the first time)
 #   bash scripts/test.sh --pg N          everything on one version (15, 17, 18)
 #   bash scripts/test.sh --pg all        everything on 15, 17 and 18
 # Parts (combinable; with none given, all of them; without --pg, on 15):
@@ -58,7 +59,8 @@ case "$pg_arg" in
         # Parts without --pg: on Debian's 15.
         if [ $# -gt 0 ]; then select_pg "$DEBIAN_PG_MAJOR"
         else
-            run_matrix 15 "" "$CI_SECOND_PG" "--unit --regress --tap $(echo $VERSION_TAP)"
+            run_matrix 15 "" "$CI_SECOND_PG" "--unit --regress --tap $(echo $VERSION_TAP)" \
+                17 "--regress --tap t/014_wal_buffer.pl t/015_crash_torture_wal_buffer.pl"
             exit $?
         fi ;;
     all)
