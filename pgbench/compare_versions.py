@@ -10,13 +10,21 @@ shared VM are not comparable in absolute time.
 """
 import json
 import os
+import re
 import sys
 
 
 def load(path):
     with open(os.path.join(path, "results.json")) as f:
         data = json.load(f)
-    return data.get("server_version", "15 (before versions were recorded)"), data["results"]
+    version = data.get("server_version")
+    if not version:
+        # Reports written before results.json recorded it name the server
+        # on their Machine line.
+        with open(os.path.join(path, "report.md")) as f:
+            m = re.search(r"postgres \(PostgreSQL\) ([0-9.]+)", f.read())
+        version = m.group(1) if m else "unknown"
+    return version, data["results"]
 
 
 def row(rows, **match):
