@@ -10,12 +10,13 @@
 
 use pgrx_pg_config::{PgConfig, Pgrx};
 
-const SOURCES: [&str; 3] = ["src/c/hooks.c", "src/c/sequence_page.c", "src/c/sync_standby.c"];
+const SOURCES: [&str; 4] = ["src/c/hooks.c", "src/c/sequence_call.c", "src/c/sequence_page.c", "src/c/sync_standby.c"];
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     for source in SOURCES {
         println!("cargo:rerun-if-changed={source}");
     }
+    println!("cargo:rerun-if-changed=src/c/sequence_page.h");
     println!("cargo:rerun-if-env-changed=PGRX_PG_CONFIG_PATH");
     let major = (13..=18)
         .find(|v| std::env::var(format!("CARGO_FEATURE_PG{v}")).is_ok())

@@ -107,8 +107,14 @@ pub fn require_durable_commit() {
 unsafe extern "C-unwind" fn xact_callback(event: pg_sys::XactEvent::Type, _arg: *mut std::ffi::c_void) {
     match event {
         pg_sys::XactEvent::XACT_EVENT_PRE_COMMIT => before_commit(),
-        pg_sys::XactEvent::XACT_EVENT_COMMIT => after_commit(),
-        pg_sys::XactEvent::XACT_EVENT_ABORT | pg_sys::XactEvent::XACT_EVENT_PREPARE => STATE.reset(),
+        pg_sys::XactEvent::XACT_EVENT_COMMIT => {
+            after_commit();
+            crate::stats::flush_pending();
+        }
+        pg_sys::XactEvent::XACT_EVENT_ABORT | pg_sys::XactEvent::XACT_EVENT_PREPARE => {
+            STATE.reset();
+            crate::stats::flush_pending();
+        }
         _ => {}
     }
 }

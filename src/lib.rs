@@ -47,7 +47,7 @@ pub extern "C-unwind" fn _PG_init() {
     shmem::register(shmem::Region { request: loss::request_shared_memory, attach: loss::attach_shared_memory });
     shmem::install_hooks();
     loss::register_worker();
-    sequence::register_invalidation_callback();
+    sequence::register_callbacks();
     commit::install_hooks();
     preload::mark_preloaded();
 }

@@ -29,3 +29,16 @@ pub fn require_preloaded() {
         .report(PgLogLevel::ERROR);
     }
 }
+
+/// For the C entry point of cached_nextval() (src/c/sequence_call.c).
+#[no_mangle]
+pub extern "C" fn dd_library_preloaded() -> bool {
+    PRELOADED.load(Ordering::Relaxed)
+}
+
+/// require_preloaded() for C callers.
+#[no_mangle]
+#[pg_guard]
+pub extern "C-unwind" fn dd_require_preloaded() {
+    require_preloaded();
+}

@@ -42,12 +42,15 @@ struct SharedStats {
 struct BackendLocal {
     shared: Cell<*mut SharedStats>,
     my_slot: Cell<Option<usize>>,
+    /// Counts not yet added to the shared slot (see count_pending).
+    pending: [Cell<u64>; COUNTERS],
 }
 // SAFETY: a PostgreSQL backend runs this code on one thread only.
 unsafe impl Sync for BackendLocal {}
 static LOCAL: BackendLocal = BackendLocal {
     shared: Cell::new(std::ptr::null_mut()),
     my_slot: Cell::new(None),
+    pending: [const { Cell::new(0) }; COUNTERS],
 };
 
 pub fn request_shared_memory() {
@@ -116,6 +119,29 @@ pub fn count(counter: Counter) {
     }
 }
 
+/// Adds one to a counter in this backend only, for per-call paths where an
+/// atomic add on a cache line shared by all backends would cost more than
+/// the call (cached_nextval()); flush_pending() publishes it at the end of
+/// the transaction, as PostgreSQL's own statistics do.
+#[inline]
+pub fn count_pending(counter: Counter) {
+    let cell = &LOCAL.pending[counter as usize];
+    cell.set(cell.get() + 1);
+}
+
+/// Adds this backend's pending counts to its database's counters. Never
+/// errors: it runs at transaction end.
+pub fn flush_pending() {
+    for (i, cell) in LOCAL.pending.iter().enumerate() {
+        let n = cell.replace(0);
+        if n != 0 {
+            if let Some(slot) = my_slot() {
+                slot.counters[i].fetch_add(n, Ordering::Relaxed);
+            }
+        }
+    }
+}
+
 /// One row per database that has counted anything; the view
 /// `delayed_durability_stats` joins it with pg_database.
 #[pg_extern(volatile, parallel_safe)]
@@ -136,6 +162,7 @@ fn delayed_durability_stats_per_database() -> TableIterator<
     ),
 > {
     crate::preload::require_preloaded();
+    flush_pending();
     let rows: Vec<_> = shared()
         .map(|s| {
             s.slots

@@ -22,6 +22,8 @@
 #include "storage/bufmgr.h"
 #include "utils/rel.h"
 
+#include "sequence_page.h"
+
 /* Private to sequence.c. */
 #define SEQ_MAGIC 0x1717
 typedef struct sequence_magic
@@ -29,25 +31,7 @@ typedef struct sequence_magic
 	uint32		magic;
 } sequence_magic;
 
-/* Mirrored by SequencePage in src/sequence/page.rs. */
-typedef struct DdSequencePage
-{
-	int64		last_value;
-	int64		log_cnt;
-	bool		is_called;
-	/* Changes to the relation are WAL-logged (RelationNeedsWAL). */
-	bool		needs_wal;
-	/*
-	 * The relation's current file was created by this transaction (CREATE
-	 * SEQUENCE, or ALTER SEQUENCE / TRUNCATE ... RESTART IDENTITY giving it a
-	 * new one): it survives only if this transaction commits.
-	 */
-	bool		new_in_transaction;
-	/* Changes with every WAL-logged write of the page. */
-	uint64		page_lsn;
-	/* Changes with every new file of the relation. */
-	uint32		file_number;
-} DdSequencePage;
+
 
 static HeapTupleHeader
 sequence_tuple(Relation rel, Buffer buf, Size *len)
@@ -66,7 +50,7 @@ sequence_tuple(Relation rel, Buffer buf, Size *len)
 }
 
 static void
-describe(Relation rel, Buffer buf, HeapTupleHeader tuple, DdSequencePage *out)
+describe_tuple(Relation rel, Buffer buf, HeapTupleHeader tuple, DdSequencePage *out)
 {
 	Form_pg_sequence_data seq = (Form_pg_sequence_data) ((char *) tuple + tuple->t_hoff);
 
@@ -86,6 +70,16 @@ describe(Relation rel, Buffer buf, HeapTupleHeader tuple, DdSequencePage *out)
 	out->page_lsn = PageGetLSN(BufferGetPage(buf));
 }
 
+/* Where the tuple's data starts in the page (the caller holds a lock). */
+uint32
+dd_sequence_data_offset(Relation rel, Buffer buf)
+{
+	Size		len;
+	HeapTupleHeader tuple = sequence_tuple(rel, buf, &len);
+
+	return (uint32) ((char *) tuple + tuple->t_hoff - (char *) BufferGetPage(buf));
+}
+
 /* The tuple as it is now, read under a share lock. */
 void
 dd_sequence_read(Relation rel, DdSequencePage *out)
@@ -94,7 +88,7 @@ dd_sequence_read(Relation rel, DdSequencePage *out)
 	Size		len;
 
 	LockBuffer(buf, BUFFER_LOCK_SHARE);
-	describe(rel, buf, sequence_tuple(rel, buf, &len), out);
+	describe_tuple(rel, buf, sequence_tuple(rel, buf, &len), out);
 	UnlockReleaseBuffer(buf);
 }
 
@@ -116,7 +110,7 @@ dd_sequence_lock(Relation rel, DdSequencePage *out)
 		tuple->t_infomask |= HEAP_XMAX_INVALID;
 		MarkBufferDirtyHint(buf, true);
 	}
-	describe(rel, buf, tuple, out);
+	describe_tuple(rel, buf, tuple, out);
 	return buf;
 }
 
@@ -164,7 +158,7 @@ dd_sequence_write(Relation rel, Buffer buf, int64 last_value, int64 log_cnt,
 	}
 	END_CRIT_SECTION();
 
-	describe(rel, buf, tuple, out);
+	describe_tuple(rel, buf, tuple, out);
 	UnlockReleaseBuffer(buf);
 	return recptr;
 }

@@ -28,8 +28,6 @@ use crate::stats::{self, Counter};
 use page::Options;
 use pgrx::pg_sys;
 use pgrx::prelude::*;
-use std::cell::RefCell;
-use std::collections::HashMap;
 
 /// The log_cnt of a claim on a sequence without WAL (see claim_block).
 const UNLOGGED_CLAIM_MARK: i64 = -1;
@@ -46,12 +44,17 @@ pub fn attach_shared_memory() {
     slots::attach_shared_memory();
 }
 
-pub fn register_invalidation_callback() {
-    page::register_invalidation_callback();
+/// The options cache's invalidation and the release of kept page pins at
+/// transaction end (src/c/sequence_call.c).
+pub fn register_callbacks() {
+    // SAFETY: called once from _PG_init in the postmaster.
+    unsafe { dd_sequence_register_callbacks() };
 }
 
-fn check_privileges(rel: pg_sys::Relation, relid: pg_sys::Oid, privileges: u32, writes: bool) {
-    // SAFETY: reads the open relation and checks the ACL like nextval does.
+/// cached_currval()'s and cached_lastval()'s checks, as currval()'s
+/// (cached_nextval() checks in src/c/sequence_call.c).
+fn check_privileges(rel: pg_sys::Relation, relid: pg_sys::Oid, privileges: u32) {
+    // SAFETY: reads the open relation and checks the ACL like currval does.
     unsafe {
         if (*(*rel).rd_rel).relkind as u8 != pg_sys::RELKIND_SEQUENCE {
             pg_sys::panic::ErrorReport::new(
@@ -68,12 +71,6 @@ fn check_privileges(rel: pg_sys::Relation, relid: pg_sys::Oid, privileges: u32, 
                 "",
             )
             .report(PgLogLevel::ERROR);
-        }
-        if writes {
-            if pg_sys::XactReadOnly && (*(*rel).rd_rel).relpersistence as u8 != pg_sys::RELPERSISTENCE_TEMP {
-                pg_sys::PreventCommandIfReadOnly(c"cached_nextval()".as_ptr());
-            }
-            pg_sys::PreventCommandIfParallelMode(c"cached_nextval()".as_ptr());
         }
     }
 }
@@ -138,27 +135,73 @@ fn claim_block(rel: pg_sys::Relation, options: &Options, slot: &mut slots::Slot)
     // What a synchronous standby must confirm before a value of the block
     // is handed out (nothing without WAL, or in the creating transaction,
     // whose commit waits for the standby itself).
-    slot.confirm_lsn = if written.needs_wal && !(permanent && written.new_in_transaction) { record_end } else { 0 };
+    let confirm_lsn = if written.needs_wal && !(permanent && written.new_in_transaction) { record_end } else { 0 };
+    let size = ((end as i128 - first as i128) / options.increment as i128 + 1) as u64;
+    slot.begin_write();
+    slot.confirm_lsn = confirm_lsn;
     slot.options = *options;
-    slot.next = first;
-    slot.block_end = end;
+    slot.set_block(first, size);
     slot.page = written;
-    slot.exhausted = false;
     slot.valid = true;
+    slot.end_write();
 }
 
-/// Like nextval(), but from a cache shared by all sessions whose recovery
-/// value is flushed to disk before any of its values is handed out.
-#[pg_extern(sql = r#"
+// Like nextval(), but from a cache shared by all sessions whose recovery
+// value is flushed to disk before any of its values is handed out. The
+// per-call work is C (src/c/sequence_call.c), shaped like nextval's; this
+// module is its slow path.
+pgrx::extension_sql!(
+    r#"
 CREATE FUNCTION cached_nextval(seq regclass) RETURNS bigint
     VOLATILE PARALLEL UNSAFE STRICT
     LANGUAGE c AS 'MODULE_PATHNAME', 'cached_nextval_wrapper';
-"#)]
-fn cached_nextval(relid: pg_sys::Oid) -> i64 {
+"#,
+    name = "cached_nextval"
+);
+
+unsafe extern "C" {
+    fn dd_cached_nextval(fcinfo: pg_sys::FunctionCallInfo) -> pg_sys::Datum;
+    fn dd_sequence_session_value(relid: pg_sys::Oid, value: *mut i64) -> bool;
+    fn dd_sequence_session_last(relid: *mut pg_sys::Oid, value: *mut i64) -> bool;
+    fn dd_sequence_discard_session_values();
+    fn dd_sequence_register_callbacks();
+}
+
+/// The symbol CREATE FUNCTION names. A Rust library exports only Rust
+/// symbols, so this is a jump to the C function: no Rust frame stands
+/// between the executor and the errors the C code raises.
+#[unsafe(naked)]
+#[no_mangle]
+pub unsafe extern "C" fn cached_nextval_wrapper(_fcinfo: pg_sys::FunctionCallInfo) -> pg_sys::Datum {
+    #[cfg(target_arch = "x86_64")]
+    core::arch::naked_asm!("jmp {f}", f = sym dd_cached_nextval);
+    #[cfg(target_arch = "aarch64")]
+    core::arch::naked_asm!("b {f}", f = sym dd_cached_nextval);
+}
+
+/// Version-1 calling convention, as PG_FUNCTION_INFO_V1 declares it.
+#[no_mangle]
+pub extern "C" fn pg_finfo_cached_nextval_wrapper() -> &'static pg_sys::Pg_finfo_record {
+    static INFO: pg_sys::Pg_finfo_record = pg_sys::Pg_finfo_record { api_version: 1 };
+    &INFO
+}
+
+/// cached_nextval()'s slow path, when the fast path could not take a value
+/// from the slot without its lock: the slot is found (its index is stored
+/// for the fast path), the page compared under the slot's lock, a block
+/// claimed when needed, a synchronous standby waited for. The caller (C)
+/// has locked and opened the sequence, checked privileges and read its
+/// options.
+#[no_mangle]
+#[pg_guard]
+pub unsafe extern "C-unwind" fn dd_cached_nextval_slow(
+    rel: pg_sys::Relation,
+    options: *const Options,
+    slot_index: *mut i32,
+) -> i64 {
     crate::preload::require_preloaded();
-    let rel = open_relation(relid, pg_sys::RowExclusiveLock);
-    check_privileges(rel, relid, pg_sys::ACL_USAGE | pg_sys::ACL_UPDATE, true);
-    let options = page::options(relid);
+    // SAFETY: the caller's open relation and its options.
+    let (relid, options) = unsafe { ((*rel).rd_id, *options) };
     // SAFETY: MyDatabaseId is set in a connected backend.
     let key = (unsafe { pg_sys::MyDatabaseId }.to_u32() as u64) << 32 | relid.to_u32() as u64;
     // The block this call waited for: still in the slot after the wait, it
@@ -168,12 +211,14 @@ fn cached_nextval(relid: pg_sys::Oid) -> i64 {
     let mut waited_for = None;
     let value = loop {
         let locked = slots::lock(key);
+        // SAFETY: the caller's out parameter.
+        unsafe { *slot_index = locked.index };
         let slot = &mut *locked.slot;
         let now = page::read(rel);
         // A claim is known by the page LSN it wrote (the end of its record).
-        let ours = waited_for.is_some() && waited_for == Some(slot.page.page_lsn) && slot.valid && !slot.exhausted;
+        let ours = waited_for.is_some() && waited_for == Some(slot.page.page_lsn) && slot.has_values();
         let usable = ours
-            || (slot.valid && !slot.exhausted && slot.options == options && now.is_called && slot.page.same_version(&now));
+            || (slot.has_values() && slot.options == options && now.is_called && slot.page.same_version(&now));
         if !usable {
             claim_block(rel, &options, slot);
         }
@@ -187,52 +232,24 @@ fn cached_nextval(relid: pg_sys::Oid) -> i64 {
                 waited_for = Some(lsn);
                 continue;
             }
+            slot.begin_write();
             slot.confirm_lsn = 0;
+            slot.end_write();
         }
-        let value = slot.next;
-        if value == slot.block_end {
-            slot.exhausted = true;
-        } else {
-            slot.next = value + options.increment;
+        // Lock-free takers may have used up the block meanwhile.
+        match slot.take() {
+            Some(value) => break value,
+            None => continue,
         }
-        break value;
     };
-    stats::count(Counter::SequenceValues);
-    close_relation(rel);
-    SESSION.with(|s| s.returned(relid.to_u32(), value));
+    stats::count_pending(Counter::SequenceValues);
     value
-}
-
-/// What this session's cached_nextval() returned, per sequence and last.
-#[derive(Default)]
-struct SessionValues {
-    by_sequence: HashMap<u32, i64>,
-    last_sequence: Option<u32>,
-}
-
-struct Session(RefCell<Option<SessionValues>>);
-// SAFETY: a PostgreSQL backend runs this code on one thread only.
-unsafe impl Sync for Session {}
-static SESSION: Session = Session(RefCell::new(None));
-
-impl Session {
-    fn with<T>(&self, f: impl FnOnce(&mut SessionValues) -> T) -> T {
-        f(self.0.borrow_mut().get_or_insert_with(Default::default))
-    }
-}
-
-impl SessionValues {
-    fn returned(&mut self, relid: u32, value: i64) {
-        self.by_sequence.insert(relid, value);
-        self.last_sequence = Some(relid);
-    }
 }
 
 /// DISCARD SEQUENCES and DISCARD ALL forget them, as they do for currval().
 pub fn discard_session_values() {
-    if let Ok(mut values) = SESSION.0.try_borrow_mut() {
-        *values = None;
-    }
+    // SAFETY: resets backend-local state; raises nothing.
+    unsafe { dd_sequence_discard_session_values() };
 }
 
 fn not_yet_defined(message: String) -> ! {
@@ -252,12 +269,16 @@ CREATE FUNCTION cached_currval(seq regclass) RETURNS bigint
 fn cached_currval(relid: pg_sys::Oid) -> i64 {
     crate::preload::require_preloaded();
     let rel = open_relation(relid, pg_sys::AccessShareLock);
-    check_privileges(rel, relid, pg_sys::ACL_SELECT | pg_sys::ACL_USAGE, false);
+    check_privileges(rel, relid, pg_sys::ACL_SELECT | pg_sys::ACL_USAGE);
     let name = page::relation_name(rel);
     close_relation(rel);
-    SESSION
-        .with(|s| s.by_sequence.get(&relid.to_u32()).copied())
-        .unwrap_or_else(|| not_yet_defined(format!("cached_currval of sequence \"{name}\" is not yet defined in this session")))
+    let mut value = 0;
+    // SAFETY: reads backend-local state into a local.
+    if unsafe { dd_sequence_session_value(relid, &mut value) } {
+        value
+    } else {
+        not_yet_defined(format!("cached_currval of sequence \"{name}\" is not yet defined in this session"))
+    }
 }
 
 /// The value cached_nextval() returned last in this session, for any
@@ -269,18 +290,18 @@ CREATE FUNCTION cached_lastval() RETURNS bigint
 "#)]
 fn cached_lastval() -> i64 {
     crate::preload::require_preloaded();
-    let last = SESSION.with(|s| s.last_sequence.map(|relid| (relid, s.by_sequence[&relid])));
-    let Some((relid, value)) = last else {
+    let (mut relid, mut value) = (pg_sys::Oid::INVALID, 0);
+    // SAFETY: reads backend-local state into locals.
+    if !unsafe { dd_sequence_session_last(&mut relid, &mut value) } {
         not_yet_defined("cached_lastval is not yet defined in this session".into())
-    };
+    }
     // As lastval(): the sequence may have been dropped since.
-    let relid = pg_sys::Oid::from(relid);
     // SAFETY: try_relation_open returns NULL for a dropped relation.
     let rel = unsafe { pg_sys::try_relation_open(relid, pg_sys::AccessShareLock as i32) };
     if rel.is_null() {
         not_yet_defined("cached_lastval is not yet defined in this session".into());
     }
-    check_privileges(rel, relid, pg_sys::ACL_SELECT | pg_sys::ACL_USAGE, false);
+    check_privileges(rel, relid, pg_sys::ACL_SELECT | pg_sys::ACL_USAGE);
     close_relation(rel);
     value
 }

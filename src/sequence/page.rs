@@ -1,5 +1,5 @@
 //! The sequence relation's page (through src/c/sequence_page.c), the
-//! sequence's options (pg_sequence) and the arithmetic of blocks.
+//! sequence's options and the arithmetic of blocks.
 
 use pgrx::pg_sys;
 use pgrx::prelude::*;
@@ -86,19 +86,9 @@ impl LockedPage {
     }
 }
 
-/// pg_sequence's row (catalog/pg_sequence.h).
+/// The sequence's options from pg_sequence, as read (and cached per
+/// backend) by src/c/sequence_call.c (mirrors DdSequenceOptions there).
 #[repr(C)]
-struct FormPgSequence {
-    seqrelid: pg_sys::Oid,
-    seqtypid: pg_sys::Oid,
-    seqstart: i64,
-    seqincrement: i64,
-    seqmax: i64,
-    seqmin: i64,
-    seqcache: i64,
-    seqcycle: bool,
-}
-
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 pub struct Options {
     pub increment: i64,
@@ -106,69 +96,6 @@ pub struct Options {
     pub max: i64,
     pub cache: i64,
     pub cycle: bool,
-}
-
-/// Sequence options already read in this backend, forgotten whenever any
-/// pg_sequence row is invalidated (ALTER SEQUENCE, DROP, rolled-back DDL).
-struct OptionsCache(std::cell::RefCell<Option<std::collections::HashMap<u32, Options>>>);
-// SAFETY: a PostgreSQL backend runs this code on one thread only.
-unsafe impl Sync for OptionsCache {}
-static OPTIONS_CACHE: OptionsCache = OptionsCache(std::cell::RefCell::new(None));
-
-#[pg_guard]
-unsafe extern "C-unwind" fn forget_sequence_options(_arg: pg_sys::Datum, _cache_id: i32, _hash: u32) {
-    if let Ok(mut cache) = OPTIONS_CACHE.0.try_borrow_mut() {
-        if let Some(map) = cache.as_mut() {
-            map.clear();
-        }
-    }
-}
-
-/// Registered in the postmaster; backends inherit the callback.
-pub fn register_invalidation_callback() {
-    // SAFETY: documented syscache callback API, called once from _PG_init.
-    unsafe {
-        pg_sys::CacheRegisterSyscacheCallback(
-            pg_sys::SysCacheIdentifier::SEQRELID as i32,
-            Some(forget_sequence_options),
-            pg_sys::Datum::from(0),
-        );
-    }
-}
-
-pub fn options(relid: pg_sys::Oid) -> Options {
-    let cached = OPTIONS_CACHE.0.borrow().as_ref().and_then(|m| m.get(&relid.to_u32()).copied());
-    if let Some(options) = cached {
-        return options;
-    }
-    let options = read_options(relid);
-    OPTIONS_CACHE
-        .0
-        .borrow_mut()
-        .get_or_insert_with(Default::default)
-        .insert(relid.to_u32(), options);
-    options
-}
-
-fn read_options(relid: pg_sys::Oid) -> Options {
-    // SAFETY: syscache lookup of pg_sequence by the sequence's OID; the tuple
-    // is released before returning.
-    unsafe {
-        let tuple = pg_sys::SearchSysCache1(pg_sys::SysCacheIdentifier::SEQRELID as i32, pg_sys::Datum::from(relid));
-        if tuple.is_null() {
-            error!("cache lookup failed for sequence {}", relid.to_u32());
-        }
-        let form = &*pg_sys::heap_tuple_get_struct::<FormPgSequence>(tuple);
-        let options = Options {
-            increment: form.seqincrement,
-            min: form.seqmin,
-            max: form.seqmax,
-            cache: form.seqcache.max(1),
-            cycle: form.seqcycle,
-        };
-        pg_sys::ReleaseSysCache(tuple);
-        options
-    }
 }
 
 pub fn relation_name(rel: pg_sys::Relation) -> String {

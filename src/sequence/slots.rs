@@ -1,6 +1,11 @@
 //! The shared caches of cached_nextval(): one slot per sequence in shared
 //! memory, each with its own LWLock, found by an open-addressing hash on
 //! (database, sequence OID).
+//!
+//! Values are taken without the lock while the block lasts: one atomic
+//! fetch-add on `taken`, validated by the slot's generation, which is odd
+//! while a holder of the lock rewrites the block (a seqlock). Claims,
+//! confirmations and slot reuse take the lock.
 
 use super::page::{Options, SequencePage};
 use pgrx::pg_sys;
@@ -12,15 +17,22 @@ pub static MAX_SEQUENCES: pgrx::GucSetting<i32> = pgrx::GucSetting::<i32>::new(1
 const TRANCHE: &CStr = c"delayed_durability_sequences";
 
 /// One shared cache. `key` is read without a lock to find the slot and
-/// checked again under the slot's lock; everything else is only touched
-/// under that lock.
+/// checked again under the slot's lock. The other fields are written only
+/// under that lock, between `begin_write` and `end_write`; `take_fast`
+/// reads them without it and keeps what it read only if the generation did
+/// not change meanwhile (dd_sequence_fast_take).
 #[repr(C)]
 pub struct Slot {
     key: AtomicU64,
+    /// Even while the block is stable, odd while it is being rewritten.
+    generation: AtomicU64,
+    /// Values of the block handed out (or skipped) so far; at or past
+    /// `size` the block is exhausted.
+    taken: AtomicU64,
     pub valid: bool,
-    pub exhausted: bool,
-    pub next: i64,
-    pub block_end: i64,
+    /// The block: `size` values from `first`, `options.increment` apart.
+    pub first: i64,
+    pub size: u64,
     pub options: Options,
     /// The sequence page as the claim of this block left it. Any other
     /// write to the sequence (nextval, setval, ALTER, a rolled-back new
@@ -105,6 +117,125 @@ impl Drop for LockGuard {
     }
 }
 
+impl Slot {
+    /// Starts a rewrite of the block (under the slot's lock): concurrent
+    /// lock-free takers discard what they read.
+    pub fn begin_write(&mut self) {
+        self.generation.fetch_add(1, Ordering::AcqRel);
+    }
+
+    pub fn end_write(&mut self) {
+        self.generation.fetch_add(1, Ordering::Release);
+    }
+
+    /// A new block; the slot's lock is held and begin_write() was called.
+    pub fn set_block(&mut self, first: i64, size: u64) {
+        self.first = first;
+        self.size = size;
+        self.taken.store(0, Ordering::Release);
+    }
+
+    /// Whether values remain (under the slot's lock; lock-free takers may
+    /// still exhaust the block before take()).
+    pub fn has_values(&self) -> bool {
+        self.valid && self.taken.load(Ordering::Acquire) < self.size
+    }
+
+    /// The next value of the block, under the slot's lock, or None when
+    /// lock-free takers exhausted it.
+    pub fn take(&self) -> Option<i64> {
+        let n = self.taken.fetch_add(1, Ordering::AcqRel);
+        (self.valid && n < self.size).then(|| self.value_at(n))
+    }
+
+    fn value_at(&self, n: u64) -> i64 {
+        // In the block, so no overflow: first + (size - 1) * increment is
+        // the block's end, within the sequence's bounds.
+        self.first.wrapping_add((n as i64).wrapping_mul(self.options.increment))
+    }
+}
+
+/// The slot fields dd_sequence_fast_take() compares, read as one snapshot.
+#[derive(Clone, Copy)]
+struct Snapshot {
+    key: u64,
+    valid: bool,
+    options: Options,
+    page: SequencePage,
+    confirm_lsn: u64,
+}
+
+/// cached_nextval()'s fast path (src/c/sequence_call.c): the next value of
+/// the slot's block when the slot is still the sequence's, its block was
+/// claimed with these options, the page is still the version the claim
+/// left and nothing is left to confirm. Without the lock: false sends the
+/// caller to the slow path, which decides under the lock. Raises nothing.
+///
+/// The comparison is skipped when the caller's page is the one it
+/// validated at `*validated_generation` and the slot has not been
+/// rewritten since (every rewrite changes the generation); the caller
+/// resets that generation when it reads the options again.
+#[no_mangle]
+pub unsafe extern "C" fn dd_sequence_fast_take(
+    slot_index: i32,
+    key: u64,
+    options: *const Options,
+    now: *const SequencePage,
+    page_as_validated: bool,
+    validated_generation: *mut u64,
+    value: *mut i64,
+) -> bool {
+    let Some(s) = SHARED.0.get() else { return false };
+    if slot_index < 0 || slot_index as usize >= s.count {
+        return false;
+    }
+    // SAFETY: index checked above; the slot lives as long as the server.
+    let slot = unsafe { &*s.slots.add(slot_index as usize) };
+    // SAFETY: the caller passes valid pointers to its own data.
+    let (options, now, validated_generation) = unsafe { (&*options, &*now, &mut *validated_generation) };
+    let generation = slot.generation.load(Ordering::Acquire);
+    if generation & 1 == 1 {
+        return false;
+    }
+    if !(page_as_validated && generation == *validated_generation) {
+        *validated_generation = u64::MAX;
+        // SAFETY: a seqlock read: a writer may be changing these fields
+        // under the lock; what is read is used only if the generation is
+        // unchanged after the fetch-add below (volatile: read once each).
+        let snap = unsafe {
+            Snapshot {
+                key: slot.key.load(Ordering::Relaxed),
+                valid: std::ptr::read_volatile(&slot.valid),
+                options: std::ptr::read_volatile(&slot.options),
+                page: std::ptr::read_volatile(&slot.page),
+                confirm_lsn: std::ptr::read_volatile(&slot.confirm_lsn),
+            }
+        };
+        if snap.key != key
+            || !snap.valid
+            || snap.confirm_lsn != 0
+            || snap.options != *options
+            || !now.is_called
+            || !snap.page.same_version(now)
+        {
+            return false;
+        }
+    }
+    // SAFETY: as above.
+    let (first, size) = unsafe { (std::ptr::read_volatile(&slot.first), std::ptr::read_volatile(&slot.size)) };
+    let n = slot.taken.fetch_add(1, Ordering::AcqRel);
+    // A value counted in a block rewritten meanwhile is skipped (a gap, as
+    // any sequence may have), never handed out twice.
+    if slot.generation.load(Ordering::Acquire) != generation || n >= size {
+        return false;
+    }
+    *validated_generation = generation;
+    // SAFETY: the caller's out parameter.
+    unsafe { *value = first.wrapping_add((n as i64).wrapping_mul(options.increment)) };
+    crate::stats::count_pending(crate::stats::Counter::SequenceValues);
+    true
+}
+
 fn lock_of(s: &Shared, i: usize) -> *mut pg_sys::LWLock {
     // SAFETY: the tranche has count + 1 locks; index count is the claim lock.
     unsafe { &raw mut (*s.locks.add(i)).lock }
@@ -132,6 +263,8 @@ fn relation_exists(relid: u32) -> bool {
 pub struct LockedSlot {
     _guard: LockGuard,
     pub slot: &'static mut Slot,
+    /// The slot's index, which cached_nextval()'s fast path remembers.
+    pub index: i32,
 }
 
 /// Finds (or claims) the slot of (database, sequence) and locks it. The key
@@ -145,7 +278,7 @@ pub fn lock(key: u64) -> LockedSlot {
         let guard = LockGuard::exclusive(lock_of(&s, i));
         let slot = slot_at(&s, i);
         if slot.key.load(Ordering::Acquire) == key {
-            return LockedSlot { _guard: guard, slot };
+            return LockedSlot { _guard: guard, slot, index: i as i32 };
         }
     }
 }
@@ -185,8 +318,11 @@ fn find(s: &Shared, key: u64) -> usize {
     }
     if let Some(i) = reusable {
         let _slot_lock = LockGuard::exclusive(lock_of(s, i));
-        slot_at(s, i).valid = false;
-        slot_at(s, i).key.store(key, Ordering::Release);
+        let slot = slot_at(s, i);
+        slot.begin_write();
+        slot.valid = false;
+        slot.key.store(key, Ordering::Release);
+        slot.end_write();
         return i;
     }
     pg_sys::panic::ErrorReport::new(
