@@ -10,6 +10,10 @@ import subprocess
 import tempfile
 import time
 
+HERE = os.path.dirname(os.path.abspath(__file__))
+# Objects the experiments use (pgbench/setup.sql).
+SETUP_SQL = open(os.path.join(HERE, "setup.sql")).read()
+
 # The server's binaries: run.sh exports PGBIN for the version it built for
 # (--pg N); Debian's PostgreSQL 15 otherwise.
 PGBIN = os.environ.get("PGBIN", "/usr/lib/postgresql/15/bin")
@@ -70,6 +74,13 @@ class Cluster:
     def restart(self):
         as_postgres([f"{PGBIN}/pg_ctl", "-D", self.data, "-w", "-m", "fast", "restart"],
                     check=True, stdout=subprocess.DEVNULL)
+
+    def restart_with(self, preload):
+        """Restarts with or without the library preloaded (the setting in
+        postgresql.conf is overridden on the command line)."""
+        libs = "delayed_durability" if preload else "''"
+        as_postgres([f"{PGBIN}/pg_ctl", "-D", self.data, "-w", "-m", "fast", "restart", "-o",
+                     f"-c shared_preload_libraries={libs}"], check=True, stdout=subprocess.DEVNULL)
 
     def stop(self, remove=True):
         as_postgres([f"{PGBIN}/pg_ctl", "-D", self.data, "-w", "-m", "fast", "stop"],
@@ -147,3 +158,7 @@ class Progress:
 
     def __call__(self, msg):
         print(f"[{time.monotonic() - self.start:7.1f}s] {msg}", flush=True)
+
+
+def has_function(cluster, name):
+    return cluster.value(f"SELECT count(*) FROM pg_proc WHERE proname = '{name}'") != "0"

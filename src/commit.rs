@@ -154,7 +154,7 @@ fn change_commit_level(level: i32) {
 
 fn transaction_has_xid() -> bool {
     // SAFETY: valid inside a transaction, up to the end of the commit callbacks.
-    let xid = unsafe { pg_sys::GetTopTransactionIdIfAny() };
+    let xid = unsafe { crate::nothrow::GetTopTransactionIdIfAny() };
     xid != pg_sys::InvalidTransactionId
 }
 

@@ -51,9 +51,9 @@ pub(crate) fn flush_end() -> u64 {
     // SAFETY: reads the shared flush position under PostgreSQL's spinlock.
     unsafe {
         #[cfg(any(feature = "pg13", feature = "pg14"))]
-        return pg_sys::GetFlushRecPtr();
+        return crate::nothrow::GetFlushRecPtr();
         #[cfg(not(any(feature = "pg13", feature = "pg14")))]
-        return pg_sys::GetFlushRecPtr(std::ptr::null_mut());
+        return crate::nothrow::GetFlushRecPtr(std::ptr::null_mut());
     }
 }
 

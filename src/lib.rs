@@ -11,6 +11,7 @@ mod errors;
 mod flush;
 mod guc;
 mod loss;
+mod nothrow;
 mod preload;
 mod receipts;
 mod sequence;

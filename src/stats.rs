@@ -106,8 +106,8 @@ fn my_slot() -> Option<&'static DatabaseSlot> {
 
 /// The current time as a PostgreSQL timestamp (microseconds).
 pub(crate) fn now() -> i64 {
-    // SAFETY: reads the clock; no PostgreSQL state involved.
-    unsafe { pg_sys::GetCurrentTimestamp() }
+    // SAFETY: reads the clock; no PostgreSQL state involved, raises nothing.
+    unsafe { crate::nothrow::GetCurrentTimestamp() }
 }
 
 /// Adds one to a counter of the current database. Never errors: it runs

@@ -76,6 +76,14 @@ for my $mode ('durable', 'delayed')
 	cmp_ok($e3{"$mode/permanent/1/nextval"}{flushes}, '<=', 2, "exp 3 $mode: native nextval does not flush");
 }
 
+like($report, qr/cached_nextval \/ nextval throughput, .+: [\d.]+x, 95% interval (n\/a|[\d.]+-[\d.]+), \d+ interleaved pairs/,
+	'exp 3: throughput ratios with their interval and pair count');
+
+# The interval of paired.py: for 12 pairs the 3rd and 10th ratios (96.1%
+# coverage, binomial), none below 6 pairs.
+my ($interval) = `/usr/bin/python3 -c "import sys; sys.path.insert(0, '$work/pgbench'); import paired; print(paired.median_interval(list(range(12, 0, -1))), paired.median_interval([1, 2, 3, 4, 5]), round(paired.coverage(12), 4))"`;
+is($interval, "(6.5, 3, 10) (3, None, None) 0.9614\n", 'median interval from order statistics');
+
 # Experiment 4: durable commits flush (group commit may share), delayed far fewer.
 my ($durable4, $delayed4) = @{ $r{4}{rows} };
 cmp_ok($durable4->{flushes}, '>', $delayed4->{flushes}, 'exp 4: durable run flushes more than the delayed one');

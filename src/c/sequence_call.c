@@ -97,7 +97,10 @@ typedef struct SequenceEntry
 	Buffer		pinned;			/* InvalidBuffer, or block 0 of pinned_file */
 	LocalTransactionId pin_lxid;
 	Oid			pinned_file;
-	uint32		data_offset;	/* of the sequence tuple's data in the page */
+	/* The buffer of the last pin, tried first next time (ReadRecentBuffer). */
+	Buffer		recent;
+	Oid			recent_file;
+	uint32		data_offset;	/* of the tuple's data in recent_file's page */
 	/*
 	 * The slot's generation when the fast path last found the slot matching
 	 * these options and validated_page (NOT_VALIDATED: never, or since the
@@ -146,6 +149,7 @@ entry_for(Oid relid)
 		entry->slot_index = -1;
 		entry->pinned = InvalidBuffer;
 		entry->pin_lxid = InvalidLocalTransactionId;
+		entry->recent = InvalidBuffer;
 		entry->has_value = false;
 		entry->validated_generation = NOT_VALIDATED;
 	}
@@ -154,9 +158,9 @@ entry_for(Oid relid)
 }
 
 /*
- * As sequence.c's lock_and_open_sequence, with a clear error for a bad OID.
- * The catalog is asked whether the relation exists only when the lock is
- * taken; while we hold it, the relcache entry is enough.
+ * As sequence.c's lock_and_open_sequence, with a clear error for a bad OID
+ * (RelationIdGetRelation returns NULL for a relation that does not exist,
+ * where relation_open raises an internal error).
  */
 static Relation
 lock_and_open(SequenceEntry *entry)
@@ -170,10 +174,8 @@ lock_and_open(SequenceEntry *entry)
 		CurrentResourceOwner = TopTransactionResourceOwner;
 		LockRelationOid(entry->relid, RowExclusiveLock);
 		CurrentResourceOwner = current;
-		rel = try_relation_open(entry->relid, NoLock);
 	}
-	else
-		rel = RelationIdGetRelation(entry->relid);
+	rel = RelationIdGetRelation(entry->relid);
 	if (rel == NULL)
 		ereport(ERROR,
 				(errcode(ERRCODE_UNDEFINED_TABLE),
@@ -321,17 +323,32 @@ pin_page(SequenceEntry *entry, Relation rel)
 	CurrentResourceOwner = TopTransactionResourceOwner;
 	PG_TRY();
 	{
-		entry->pinned = ReadBuffer(rel, 0);
+		/* The buffer of the previous transaction's pin, if it still holds the page. */
+		if (entry->recent != InvalidBuffer && entry->recent_file == REL_FILE_NUMBER(rel) &&
+#if PG_VERSION_NUM >= 160000
+			ReadRecentBuffer(rel->rd_locator, MAIN_FORKNUM, 0, entry->recent)
+#else
+			ReadRecentBuffer(rel->rd_node, MAIN_FORKNUM, 0, entry->recent)
+#endif
+			)
+			entry->pinned = entry->recent;
+		else
+			entry->pinned = ReadBuffer(rel, 0);
 	}
 	PG_FINALLY();
 	{
 		CurrentResourceOwner = current;
 	}
 	PG_END_TRY();
-	/* The tuple never moves in the page: writers change it in place. */
-	LockBuffer(entry->pinned, BUFFER_LOCK_SHARE);
-	entry->data_offset = dd_sequence_data_offset(rel, entry->pinned);
-	LockBuffer(entry->pinned, BUFFER_LOCK_UNLOCK);
+	/* The tuple never moves in a file's page: writers change it in place. */
+	if (entry->recent_file != REL_FILE_NUMBER(rel) || entry->recent == InvalidBuffer)
+	{
+		LockBuffer(entry->pinned, BUFFER_LOCK_SHARE);
+		entry->data_offset = dd_sequence_data_offset(rel, entry->pinned);
+		LockBuffer(entry->pinned, BUFFER_LOCK_UNLOCK);
+	}
+	entry->recent = entry->pinned;
+	entry->recent_file = REL_FILE_NUMBER(rel);
 	entry->pin_lxid = MY_LXID;
 	entry->pinned_file = REL_FILE_NUMBER(rel);
 	held_pins[held_pin_count++] = entry;

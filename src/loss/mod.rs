@@ -155,7 +155,7 @@ pub fn acknowledge(commit_end: u64) -> bool {
 fn record_in(r: Ring, commit_end: u64) -> i64 {
     // SAFETY: backend-local transaction state, valid until the end of the
     // commit callbacks; MyDatabaseId is set once connected.
-    let (fxid, datid) = unsafe { (pg_sys::GetTopFullTransactionIdIfAny().value, pg_sys::MyDatabaseId.to_u32()) };
+    let (fxid, datid) = unsafe { (crate::nothrow::GetTopFullTransactionIdIfAny().value, pg_sys::MyDatabaseId.to_u32()) };
     r.record(commit_end, fxid, datid, now, flush_end)
 }
 
