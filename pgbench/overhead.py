@@ -31,6 +31,7 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import instructions  # noqa: E402
 from harness import Cluster, Progress  # noqa: E402
 from paired import coverage, fmt_interval, ratio_summary, run_pairs  # noqa: E402
 
@@ -209,7 +210,78 @@ def sequences(clusters, args, log):
     return rows, scaling
 
 
-def write_report(out, rows, scaling, args, server_version, elapsed):
+def instruction_side(clusters, side, args, all_processes=False):
+    """Instructions per commit of one side: the procedure loop and the
+    pgbench script's statements sent by a client (psql), on the cluster
+    restarted under callgrind."""
+    key, settings, loop, *script = side
+    script = (script or ["insert_single.sql"])[0]
+    cl = clusters["ext" if key in ("ext", "native") else key]
+    with open(os.path.join(HERE, script)) as f:
+        text = f.read()
+    with instructions.CallgrindServer(cl, key != "native", settings) as srv:
+        srv.session("TRUNCATE t1;")
+        out = {"loop": srv.per_unit(loop, *args.instr_loop_commits),
+               "client": srv.per_unit_sql(lambda n: instructions.client_statements(text, n),
+                                          *args.instr_client_commits)}
+    if all_processes:
+        out["server"] = instructions.all_processes_per_unit(cl, key != "native", settings, loop,
+                                                            *args.instr_loop_commits)
+    return out
+
+
+def instruction_rows(title, a, b, args):
+    rows = []
+    for workload, label in (("loop", f"procedure loop, {args.instr_loop_commits[1]} - "
+                             f"{args.instr_loop_commits[0]} commits"),
+                            ("client", f"client statements (the pgbench script), {args.instr_client_commits[1]} - "
+                             f"{args.instr_client_commits[0]} transactions"),
+                            ("server", f"procedure loop, all server processes, {args.instr_loop_commits[1]} - "
+                             f"{args.instr_loop_commits[0]} commits")):
+        if workload not in a[0]:
+            continue
+        xa, xb = [x[workload] for x in a], [x[workload] for x in b]
+        s = ratio_summary(xa, xb)
+        rows.append(row(title, label, s, round(statistics.median(xa)), round(statistics.median(xb))))
+    return rows
+
+
+def compare_instructions(clusters, key, title, side_a, side_b, args, log):
+    # The WAL buffer moves the WAL write from the WAL writer to the
+    # committing backend: only the sum over all processes compares like with like.
+    every = key == "wal_buffer"
+    a, b = run_pairs(args.instr_rounds, lambda: instruction_side(clusters, side_a, args, every),
+                     lambda: instruction_side(clusters, side_b, args, every), log, f"{key} (instructions)")
+    return instruction_rows(title, a, b, args)
+
+
+def sequence_instructions(clusters, args, log):
+    """cached_nextval() against nextval(): instructions per call in one
+    statement and per one-call transaction sent by a client."""
+    c = ensure_library(clusters, "ext")
+    c.psql("CREATE SEQUENCE IF NOT EXISTS tput_cached CACHE 10000; "
+           "CREATE SEQUENCE IF NOT EXISTS tput_native CACHE 10000;")
+    bulk = "SELECT count({fn}('{seq}')) FROM generate_series(1, {{n}});"
+
+    def side(fn, seq):
+        with instructions.CallgrindServer(c, True, {"delayed_durability.mode": "allowed"}) as srv:
+            return {"loop": srv.per_unit(bulk.format(fn=fn, seq=seq), *args.instr_bulk_calls),
+                    "client": srv.per_unit_sql(lambda n: f"SELECT {fn}('{seq}');\n" * n,
+                                               *args.instr_client_commits)}
+    a, b = run_pairs(args.instr_rounds, lambda: side("cached_nextval", "tput_cached"),
+                     lambda: side("nextval", "tput_native"), log, "sequences (instructions)")
+    rows = []
+    for workload, label in (("loop", f"calls in one statement, {args.instr_bulk_calls[1]} - "
+                             f"{args.instr_bulk_calls[0]} calls"),
+                            ("client", f"one call per transaction from a client, {args.instr_client_commits[1]} - "
+                             f"{args.instr_client_commits[0]} transactions")):
+        xa, xb = [x[workload] for x in a], [x[workload] for x in b]
+        rows.append(row("cached_nextval / nextval instructions", label, ratio_summary(xa, xb),
+                        round(statistics.median(xa)), round(statistics.median(xb))))
+    return rows
+
+
+def write_report(out, rows, instr_rows, scaling, args, server_version, elapsed):
     os.makedirs(out, exist_ok=True)
     cov = coverage(args.rounds)
     md = ["# What the extension costs (overhead benchmark)", "",
@@ -254,13 +326,29 @@ def write_report(out, rows, scaling, args, server_version, elapsed):
     if scaling:
         md += ["", "Scaling from 1 to 4 pgbench clients (median of per-pair ratios of 4-client to 1-client "
                "throughput): " + ", ".join(f"{fn} {v:.2f}x" for fn, v in scaling.items()) + "."]
+    if instr_rows:
+        md += ["", "## Instructions per commit (callgrind)", "",
+               f"The deterministic cost measure: user-space instructions the backend executes per commit (per call "
+               f"for the sequences), counted by valgrind's callgrind with the server started under it, as the "
+               f"difference between two work sizes run in two sessions (startup cancels out). "
+               f"{args.instr_rounds} interleaved pairs, median ratio and its order-statistics interval (exact "
+               f"coverage {coverage(args.instr_rounds):.1%}). Kernel time (fsync, waking the WAL writer) is not "
+               "in these counts.", "",
+               "| comparison | workload | pairs | instruction ratio (median) | 95% interval | "
+               "instructions per commit (A / B) |",
+               "|---|---|---|---|---|---|"]
+        for r in instr_rows:
+            s = dict(low=r["interval_low"], high=r["interval_high"])
+            md.append(f"| {r['comparison']} | {r['workload']} | {r['pairs']} | {r['median_ratio']:.4f} | "
+                      f"{fmt_interval(s, 4)} | {r['a_median']:,} / {r['b_median']:,} |")
     with open(os.path.join(out, "report.md"), "w") as f:
         f.write("\n".join(md) + "\n")
     with open(os.path.join(out, "results.json"), "w") as f:
         json.dump(dict(server_version=server_version, rounds=args.rounds, coverage=cov,
                        loop_commits=args.loop_commits, durable_loop_commits=args.durable_loop_commits,
                        pgbench_seconds=args.pgbench_seconds, bulk_calls=args.bulk_calls,
-                       rows=rows, scaling=scaling), f, indent=1)
+                       rows=rows, scaling=scaling, instr_rounds=args.instr_rounds,
+                       instruction_rows=instr_rows), f, indent=1)
     print("\n".join(md))
 
 
@@ -272,12 +360,24 @@ def main():
                     help="commits per loop run for the durable comparisons (fsync-bound)")
     ap.add_argument("--pgbench-seconds", type=int, default=1)
     ap.add_argument("--bulk-calls", type=int, default=200000, help="cached_nextval()/nextval() calls per statement")
+    ap.add_argument("--instr-rounds", type=int, default=6,
+                    help="pairs for the instruction counts under callgrind (0: skip them; at least 6 otherwise)")
+    ap.add_argument("--instr-loop-commits", type=int, nargs=2, default=(1000, 5000), metavar=("SMALL", "LARGE"),
+                    help="loop sizes whose difference gives instructions per commit")
+    ap.add_argument("--instr-client-commits", type=int, nargs=2, default=(200, 1000), metavar=("SMALL", "LARGE"),
+                    help="client transactions, likewise")
+    ap.add_argument("--instr-bulk-calls", type=int, nargs=2, default=(20000, 100000), metavar=("SMALL", "LARGE"),
+                    help="calls in one statement, likewise")
     ap.add_argument("--only", default="", help="comma-separated keys: "
                     + ",".join(k for k, *_ in COMPARISONS) + ",sequences")
     ap.add_argument("--out", default=os.path.join(HERE, "report", "overhead"))
     args = ap.parse_args()
     if args.rounds < 6:
         ap.error("--rounds must be at least 6 for a 95% interval")
+    if 0 < args.instr_rounds < 6:
+        ap.error("--instr-rounds must be 0 or at least 6")
+    if args.instr_rounds and not instructions.available():
+        ap.error("the instruction counts need valgrind (apt-get install valgrind), or --instr-rounds 0")
     only = set(filter(None, args.only.split(",")))
     log = Progress()
     setup = open(os.path.join(HERE, "setup.sql")).read()
@@ -300,19 +400,23 @@ def main():
                 shutil.copy(os.path.join(HERE, script), os.path.join(cl.dir, script))
                 os.chmod(os.path.join(cl.dir, script), 0o644)
         server_version = clusters["ext"].value("SELECT version()")
-        rows, scaling = [], {}
+        rows, scaling, instr_rows = [], {}, []
         for key, title, durable, side_a, side_b in COMPARISONS:
             if not only or key in only:
                 rows += compare(clusters, key, title, durable, side_a, side_b, args, log)
+                if args.instr_rounds:
+                    instr_rows += compare_instructions(clusters, key, title, side_a, side_b, args, log)
         if not only or "sequences" in only:
             seq_rows, scaling = sequences(clusters, args, log)
             rows += seq_rows
+            if args.instr_rounds:
+                instr_rows += sequence_instructions(clusters, args, log)
     finally:
         for cl in set(clusters.values()):
             cl.stop()
         if os.path.exists(buffer_path):
             os.unlink(buffer_path)
-    write_report(args.out, rows, scaling, args, server_version, time.monotonic() - log.start)
+    write_report(args.out, rows, instr_rows, scaling, args, server_version, time.monotonic() - log.start)
 
 
 if __name__ == "__main__":

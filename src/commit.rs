@@ -15,8 +15,10 @@
 //!
 //! The callbacks below call no PostgreSQL function that raises an error
 //! (reading the xid and pending deletions, the assign hook), so no error
-//! passes through a Rust frame here. The utility hook, below which every
-//! utility statement runs, is a C trampoline (src/c/hooks.c) for that reason.
+//! passes through a Rust frame here; those calls skip pgrx's per-call
+//! guard (src/nothrow.rs), as a commit makes several. The utility hook,
+//! below which every utility statement runs, is a C trampoline
+//! (src/c/hooks.c) for that reason.
 
 use crate::guc::{self, Mode};
 use crate::stats::{self, Counter};
@@ -169,7 +171,7 @@ fn commit_drops_relation_files() -> bool {
     // SAFETY: the same call RecordTransactionCommit makes; the array it
     // pallocs (only when non-empty) is freed right away.
     unsafe {
-        let n = pg_sys::smgrGetPendingDeletes(true, &mut rels);
+        let n = crate::nothrow::smgrGetPendingDeletes(true, &mut rels);
         if !rels.is_null() {
             pg_sys::pfree(rels.cast());
         }

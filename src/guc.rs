@@ -44,6 +44,16 @@ pub fn reserve_prefix() {
     }
 }
 
+/// Read on every commit: straight from the variable PostgreSQL's GUC
+/// machinery assigns, without GucSetting::get()'s per-call thread check
+/// (a thread-local lookup that costs more than the read).
 pub fn mode() -> Mode {
-    MODE.get()
+    read(&MODE)
+}
+
+/// The current value of one of the extension's GUCs, for per-commit paths.
+pub fn read<T: pgrx::guc::GucValue>(setting: &GucSetting<T>) -> T {
+    // SAFETY: the GUC variable is backend-local and only ever accessed from
+    // the backend's one thread; PostgreSQL keeps it a valid value.
+    unsafe { T::from_raw(*setting.as_ptr()) }
 }

@@ -13,6 +13,17 @@ unsafe extern "C" {
     pub fn GetTopFullTransactionIdIfAny() -> pg_sys::FullTransactionId;
     /// timestamp.c: gettimeofday() as a PostgreSQL timestamp.
     pub fn GetCurrentTimestamp() -> pg_sys::TimestampTz;
+    /// xact.c: the timestamp of the commit record just written (taken by
+    /// RecordTransactionCommit), or GetCurrentTimestamp() when none was.
+    pub fn GetCurrentTransactionStopTimestamp() -> pg_sys::TimestampTz;
+    /// storage.c: the relation files this transaction's commit (or abort)
+    /// deletes. It pallocs the array only when there is one, at commit time
+    /// after the commit record (where an out-of-memory error is a PANIC of
+    /// the committed transaction anyway) and never otherwise raises.
+    #[cfg(any(feature = "pg13", feature = "pg14", feature = "pg15"))]
+    pub fn smgrGetPendingDeletes(for_commit: bool, ptr: *mut *mut pg_sys::RelFileNode) -> std::ffi::c_int;
+    #[cfg(not(any(feature = "pg13", feature = "pg14", feature = "pg15")))]
+    pub fn smgrGetPendingDeletes(for_commit: bool, ptr: *mut *mut pg_sys::RelFileLocator) -> std::ffi::c_int;
     /// xlog.c: the flush position, read under XLogCtl's spinlock.
     #[cfg(not(any(feature = "pg13", feature = "pg14")))]
     pub fn GetFlushRecPtr(insert_tli: *mut pg_sys::TimeLineID) -> pg_sys::XLogRecPtr;

@@ -44,6 +44,8 @@ struct BackendLocal {
     my_slot: Cell<Option<usize>>,
     /// Counts not yet added to the shared slot (see count_pending).
     pending: [Cell<u64>; COUNTERS],
+    /// Some pending count is not zero: most transactions have none.
+    any_pending: Cell<bool>,
 }
 // SAFETY: a PostgreSQL backend runs this code on one thread only.
 unsafe impl Sync for BackendLocal {}
@@ -51,6 +53,7 @@ static LOCAL: BackendLocal = BackendLocal {
     shared: Cell::new(std::ptr::null_mut()),
     my_slot: Cell::new(None),
     pending: [const { Cell::new(0) }; COUNTERS],
+    any_pending: Cell::new(false),
 };
 
 pub fn request_shared_memory() {
@@ -127,11 +130,15 @@ pub fn count(counter: Counter) {
 pub fn count_pending(counter: Counter) {
     let cell = &LOCAL.pending[counter as usize];
     cell.set(cell.get() + 1);
+    LOCAL.any_pending.set(true);
 }
 
 /// Adds this backend's pending counts to its database's counters. Never
 /// errors: it runs at transaction end.
 pub fn flush_pending() {
+    if !LOCAL.any_pending.replace(false) {
+        return;
+    }
     for (i, cell) in LOCAL.pending.iter().enumerate() {
         let n = cell.replace(0);
         if n != 0 {

@@ -109,11 +109,11 @@ pub fn register_worker() {
 /// Raises nothing but an XLogFlush I/O failure (a PANIC there, as in
 /// RecordTransactionCommit).
 pub fn acknowledge(commit_end: u64) -> bool {
-    let max_bytes = MAX_LOSS_BYTES.get() as u64;
-    let max_time_us = MAX_LOSS_TIME.get() as i64 * 1000;
+    let max_bytes = crate::guc::read(&MAX_LOSS_BYTES) as u64;
+    let max_time_us = crate::guc::read(&MAX_LOSS_TIME) as i64 * 1000;
     // The ring this acknowledgement goes into: the time budget needs it even
     // when the record for the crash report is off.
-    let record = ring().filter(|_| TRACK_LOST_COMMITS.get() || max_time_us > 0);
+    let record = ring().filter(|_| crate::guc::read(&TRACK_LOST_COMMITS) || max_time_us > 0);
     if record.is_none() {
         if let Some(r) = ring() {
             r.mark_incomplete();
@@ -151,12 +151,16 @@ pub fn acknowledge(commit_end: u64) -> bool {
     false
 }
 
-/// Records this transaction's acknowledgement; returns its time.
+/// Records this transaction's acknowledgement; returns its time: the
+/// timestamp of its commit record, microseconds before the client hears of
+/// the commit, which saves reading the clock on every delayed commit.
 fn record_in(r: Ring, commit_end: u64) -> i64 {
     // SAFETY: backend-local transaction state, valid until the end of the
     // commit callbacks; MyDatabaseId is set once connected.
     let (fxid, datid) = unsafe { (crate::nothrow::GetTopFullTransactionIdIfAny().value, pg_sys::MyDatabaseId.to_u32()) };
-    r.record(commit_end, fxid, datid, now, flush_end)
+    // SAFETY: called at XACT_EVENT_COMMIT, after RecordTransactionCommit.
+    let commit_time = || unsafe { crate::nothrow::GetCurrentTransactionStopTimestamp() };
+    r.record(commit_end, fxid, datid, commit_time, flush_end)
 }
 
 fn flush_for_budget(commit_end: u64) -> bool {

@@ -40,6 +40,21 @@ struct Entry {
     datid: AtomicU32,
 }
 
+/// A hint to load `entry` into the CPU caches; no effect on the ring's
+/// contents.
+#[inline(always)]
+fn prefetch(entry: &Entry) {
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: a prefetch hint neither faults nor changes memory; the address
+    // is that of a valid entry of the mapping.
+    unsafe {
+        use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
+        _mm_prefetch::<_MM_HINT_T0>(entry as *const Entry as *const i8);
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = entry;
+}
+
 /// Entries lapped by the ring before their WAL was flushed.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub struct Summary {
@@ -253,6 +268,11 @@ impl Ring {
             // On persistent memory a cache-line flush; cannot fail there.
             let _ = self.map.persist(offset, std::mem::size_of::<Entry>());
         }
+        // The next claim's entry was last written a lap ago and has left the
+        // CPU caches: reading it is a cache miss that profiles showed to be
+        // most of this function's cost. Fetching it now overlaps that miss
+        // with the time until the next delayed commit.
+        prefetch(self.entry(claim + 1));
         t
     }
 
