@@ -229,3 +229,25 @@ DROP TABLE orders, ident, not_a_seq;
 -- (the temporary sequences went with the first session)
 DROP SEQUENCE s50, s1, s50f, unl, s3, cyc, unl3, inc, down, up_cycle, twin_a, twin_b, lim, lim_down, small, inv, orders_id_seq;
 DROP FUNCTION seq_counters;
+
+-- A transaction that used a temporary sequence cannot PREPARE, with
+-- cached_nextval() as with nextval() (a prepared transaction holding a
+-- temporary object would block the session's exit).
+CREATE TEMP SEQUENCE temp_prep;
+BEGIN;
+SELECT cached_nextval('temp_prep');
+PREPARE TRANSACTION 'dd_temp_seq';
+BEGIN;
+SELECT nextval('temp_prep');
+PREPARE TRANSACTION 'dd_temp_seq_native';
+SELECT count(*) AS prepared FROM pg_prepared_xacts;
+-- Once per transaction: the second call (lock already taken) marks it too.
+BEGIN;
+SELECT cached_nextval('temp_prep');
+COMMIT;
+BEGIN;
+SELECT 1;
+SELECT cached_nextval('temp_prep');
+SELECT cached_nextval('temp_prep');
+PREPARE TRANSACTION 'dd_temp_seq2';
+DROP SEQUENCE temp_prep;

@@ -44,9 +44,13 @@ SELECT count(*) FROM (
  WHERE t1 < started_before});
 	is($violations, '0', "$table: values handed out in call order across sessions");
 }
-# The values are dense: one shared cache, no per-session blocks.
-is($node->safe_psql('postgres', 'SELECT max(v) - min(v) + 1 FROM seq_log'), '2000',
-	'no gaps: one cache shared by all sessions');
+# One cache shared by all sessions, no per-session blocks: the values are
+# nearly dense. A call that races a block claim skips the value it counted
+# (a gap, never a repeat), so a few gaps are allowed; per-session blocks of
+# 50 would leave hundreds.
+my $span = $node->safe_psql('postgres', 'SELECT max(v) - min(v) + 1 FROM seq_log');
+cmp_ok($span, '>=', 2000, 'seq_log: span covers every value');
+cmp_ok($span, '<', 2050, 'seq_log: at most a few gaps (one cache shared by all sessions)');
 
 $node->stop;
 done_testing();

@@ -180,6 +180,9 @@ lock_and_open(SequenceEntry *entry)
 		ereport(ERROR,
 				(errcode(ERRCODE_UNDEFINED_TABLE),
 				 errmsg("relation with OID %u does not exist", entry->relid)));
+	/* As relation_open: a transaction that used a temporary object cannot PREPARE. */
+	if (RelationUsesLocalBuffers(rel))
+		MyXactFlags |= XACT_FLAGS_ACCESSEDTEMPNAMESPACE;
 	entry->lock_lxid = MY_LXID;
 	return rel;
 }

@@ -99,8 +99,10 @@ fn close_relation(rel: pg_sys::Relation) {
 
 /// Claims the next block of the sequence after what its page says now,
 /// atomically with respect to nextval() and setval(), and makes its
-/// recovery value durable before any of its values is handed out.
-fn claim_block(rel: pg_sys::Relation, options: &Options, slot: &mut slots::Slot) {
+/// recovery value durable before any of its values is handed out. Returns
+/// the block's first value, taken for the caller, unless a synchronous
+/// standby must confirm the block first.
+fn claim_block(rel: pg_sys::Relation, options: &Options, slot: &mut slots::Slot) -> Option<i64> {
     // SAFETY: reads the open relation's persistence.
     let permanent = unsafe { (*(*rel).rd_rel).relpersistence as u8 == pg_sys::RELPERSISTENCE_PERMANENT };
     let locked = page::lock(rel);
@@ -140,10 +142,11 @@ fn claim_block(rel: pg_sys::Relation, options: &Options, slot: &mut slots::Slot)
     slot.begin_write();
     slot.confirm_lsn = confirm_lsn;
     slot.options = *options;
-    slot.set_block(first, size);
+    let reserved = slot.set_block(first, size, confirm_lsn == 0);
     slot.page = written;
     slot.valid = true;
     slot.end_write();
+    reserved
 }
 
 // Like nextval(), but from a cache shared by all sessions whose recovery
@@ -220,7 +223,9 @@ pub unsafe extern "C-unwind" fn dd_cached_nextval_slow(
         let usable = ours
             || (slot.has_values() && slot.options == options && now.is_called && slot.page.same_version(&now));
         if !usable {
-            claim_block(rel, &options, slot);
+            if let Some(value) = claim_block(rel, &options, slot) {
+                break value;
+            }
         }
         if slot.confirm_lsn != 0 {
             if !standby::confirmed(slot.confirm_lsn) {

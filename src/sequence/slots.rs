@@ -11,7 +11,7 @@ use super::page::{Options, SequencePage};
 use pgrx::pg_sys;
 use pgrx::prelude::*;
 use std::ffi::CStr;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{fence, AtomicU64, Ordering};
 
 pub static MAX_SEQUENCES: pgrx::GucSetting<i32> = pgrx::GucSetting::<i32>::new(1024);
 const TRANCHE: &CStr = c"delayed_durability_sequences";
@@ -121,7 +121,12 @@ impl Slot {
     /// Starts a rewrite of the block (under the slot's lock): concurrent
     /// lock-free takers discard what they read.
     pub fn begin_write(&mut self) {
-        self.generation.fetch_add(1, Ordering::AcqRel);
+        self.generation.fetch_add(1, Ordering::Relaxed);
+        // The odd generation is visible before any field written after it
+        // (a seqlock writer): a taker that reads a new field then sees the
+        // generation changed. A locked add already orders this on x86; weaker
+        // memory models need the fence.
+        fence(Ordering::Release);
     }
 
     pub fn end_write(&mut self) {
@@ -129,10 +134,14 @@ impl Slot {
     }
 
     /// A new block; the slot's lock is held and begin_write() was called.
-    pub fn set_block(&mut self, first: i64, size: u64) {
+    /// With `reserve_first`, its first value is taken for the caller before
+    /// any lock-free taker can see the block (a claimer is never starved by
+    /// them).
+    pub fn set_block(&mut self, first: i64, size: u64, reserve_first: bool) -> Option<i64> {
         self.first = first;
         self.size = size;
-        self.taken.store(0, Ordering::Release);
+        self.taken.store(reserve_first as u64, Ordering::Release);
+        reserve_first.then_some(first)
     }
 
     /// Whether values remain (under the slot's lock; lock-free takers may
@@ -224,9 +233,12 @@ pub unsafe extern "C" fn dd_sequence_fast_take(
     // SAFETY: as above.
     let (first, size) = unsafe { (std::ptr::read_volatile(&slot.first), std::ptr::read_volatile(&slot.size)) };
     let n = slot.taken.fetch_add(1, Ordering::AcqRel);
+    // Pairs with begin_write()'s fence: if anything read above was written
+    // by a rewrite, the generation read below is that rewrite's or later.
+    fence(Ordering::Acquire);
     // A value counted in a block rewritten meanwhile is skipped (a gap, as
     // any sequence may have), never handed out twice.
-    if slot.generation.load(Ordering::Acquire) != generation || n >= size {
+    if slot.generation.load(Ordering::Relaxed) != generation || n >= size {
         return false;
     }
     *validated_generation = generation;
