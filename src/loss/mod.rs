@@ -122,7 +122,7 @@ pub fn acknowledge(commit_end: u64) -> bool {
     if max_bytes == 0 && max_time_us == 0 {
         // No budget: no need to read the flush position.
         if let Some(r) = record {
-            record_in(r, commit_end);
+            record_in(r, commit_end, false);
         }
         return false;
     }
@@ -136,7 +136,7 @@ pub fn acknowledge(commit_end: u64) -> bool {
     // Recorded before the time check, so that two commits in flight see
     // each other: a later one finds this entry (or its claim, counted as
     // acknowledged now) and stops there.
-    let recorded_at = record.map(|r| (r, record_in(r, commit_end)));
+    let recorded_at = record.map(|r| (r, record_in(r, commit_end, max_time_us > 0)));
     if max_time_us > 0 {
         let over_time = match recorded_at {
             Some((r, t)) => r.oldest_unflushed(flushed, t).is_some_and(|oldest| t - oldest >= max_time_us),
@@ -151,13 +151,20 @@ pub fn acknowledge(commit_end: u64) -> bool {
     false
 }
 
-/// Records this transaction's acknowledgement; returns its time: the
-/// timestamp of its commit record, microseconds before the client hears of
-/// the commit, which saves reading the clock on every delayed commit.
-fn record_in(r: Ring, commit_end: u64) -> i64 {
+/// Records this transaction's acknowledgement; returns its time. Under a
+/// time budget that is the clock read after the entry is claimed, so that
+/// claim order is time order and the budget counts up to the moment the
+/// client hears of the commit (the commit record's timestamp is taken
+/// before its WAL insert, which can wait). Without one, the time is only
+/// reported after a crash, and the commit record's timestamp, microseconds
+/// earlier, saves a clock read per delayed commit.
+fn record_in(r: Ring, commit_end: u64, time_budget: bool) -> i64 {
     // SAFETY: backend-local transaction state, valid until the end of the
     // commit callbacks; MyDatabaseId is set once connected.
     let (fxid, datid) = unsafe { (crate::nothrow::GetTopFullTransactionIdIfAny().value, pg_sys::MyDatabaseId.to_u32()) };
+    if time_budget {
+        return r.record(commit_end, fxid, datid, now, flush_end);
+    }
     // SAFETY: called at XACT_EVENT_COMMIT, after RecordTransactionCommit.
     let commit_time = || unsafe { crate::nothrow::GetCurrentTransactionStopTimestamp() };
     r.record(commit_end, fxid, datid, commit_time, flush_end)
