@@ -2,7 +2,12 @@
 //!
 //! One fixed slot per database, claimed lock-free on first use and kept until
 //! the server restarts (like pg_stat_statements, the counters are not written
-//! to disk). Increments are relaxed atomic adds: the commit path takes no lock.
+//! to disk). Each backend counts into a slot of its own (indexed by its
+//! backend number, on a cache line of its own) tagged with its database, so
+//! that concurrent commits never contend on one counter; a read sums the
+//! database's slot and the backend slots tagged with it. A backend number
+//! reused for another database first moves the old counts into their
+//! database's slot. The commit path takes no lock.
 
 use pgrx::prelude::*;
 use std::cell::Cell;
@@ -39,9 +44,22 @@ struct SharedStats {
     slots: [DatabaseSlot; MAX_DATABASES],
 }
 
+/// One backend's counts, on cache lines no other backend writes.
+#[repr(C, align(128))]
+struct BackendSlot {
+    /// The database the counts belong to; InvalidOid (0) while none.
+    datid: AtomicU32,
+    counters: [AtomicU64; COUNTERS],
+}
+
 struct BackendLocal {
     shared: Cell<*mut SharedStats>,
+    /// The per-backend slots and their number (MaxBackends).
+    backends: Cell<*mut BackendSlot>,
+    backend_count: Cell<usize>,
     my_slot: Cell<Option<usize>>,
+    /// This backend's own slot, bound to its database on first use.
+    my_backend_slot: Cell<Option<&'static BackendSlot>>,
     /// Counts not yet added to the shared slot (see count_pending).
     pending: [Cell<u64>; COUNTERS],
     /// Some pending count is not zero: most transactions have none.
@@ -51,14 +69,23 @@ struct BackendLocal {
 unsafe impl Sync for BackendLocal {}
 static LOCAL: BackendLocal = BackendLocal {
     shared: Cell::new(std::ptr::null_mut()),
+    backends: Cell::new(std::ptr::null_mut()),
+    backend_count: Cell::new(0),
     my_slot: Cell::new(None),
+    my_backend_slot: Cell::new(None),
     pending: [const { Cell::new(0) }; COUNTERS],
     any_pending: Cell::new(false),
 };
 
+fn max_backends() -> usize {
+    // SAFETY: set by the postmaster before shared memory is requested.
+    unsafe { pg_sys::MaxBackends }.max(0) as usize
+}
+
 pub fn request_shared_memory() {
+    let size = std::mem::size_of::<SharedStats>() + max_backends() * std::mem::size_of::<BackendSlot>();
     // SAFETY: called from the shared-memory request hook (shmem.rs).
-    unsafe { pg_sys::RequestAddinShmemSpace(std::mem::size_of::<SharedStats>()) };
+    unsafe { pg_sys::RequestAddinShmemSpace(size) };
 }
 
 pub fn attach_shared_memory() {
@@ -67,6 +94,70 @@ pub fn attach_shared_memory() {
         std::mem::size_of::<SharedStats>(),
     );
     LOCAL.shared.set(ptr as *mut SharedStats);
+    let n = max_backends();
+    let backends = crate::shmem::init_struct(
+        c"delayed_durability statistics per backend",
+        n * std::mem::size_of::<BackendSlot>(),
+    );
+    LOCAL.backends.set(backends as *mut BackendSlot);
+    LOCAL.backend_count.set(n);
+}
+
+fn backend_slots() -> &'static [BackendSlot] {
+    let ptr = LOCAL.backends.get();
+    if ptr.is_null() {
+        return &[];
+    }
+    // SAFETY: backend_count slots, zeroed at startup, valid for the
+    // server's life; every field is atomic.
+    unsafe { std::slice::from_raw_parts(ptr, LOCAL.backend_count.get()) }
+}
+
+/// This backend's index among the regular backends (0-based), if it has one.
+fn backend_index() -> Option<usize> {
+    // SAFETY: backend-local identifiers, set once the process has a PGPROC.
+    #[cfg(any(feature = "pg13", feature = "pg14", feature = "pg15", feature = "pg16"))]
+    let index = unsafe { pg_sys::MyBackendId } as i64 - 1;
+    #[cfg(not(any(feature = "pg13", feature = "pg14", feature = "pg15", feature = "pg16")))]
+    let index = unsafe { pg_sys::MyProcNumber } as i64;
+    (index >= 0 && (index as usize) < LOCAL.backend_count.get()).then_some(index as usize)
+}
+
+/// This backend's slot, bound to its database: counts a previous owner of
+/// the backend number left for another database move to that database's
+/// slot first (taken out before they are added, so a concurrent read can
+/// miss them for a moment but never counts them twice).
+fn my_backend_slot() -> Option<&'static BackendSlot> {
+    if let Some(slot) = LOCAL.my_backend_slot.get() {
+        return Some(slot);
+    }
+    let db = my_slot()?;
+    let datid = db.datid.load(Ordering::Relaxed);
+    let slot = backend_slots().get(backend_index()?)?;
+    let previous = slot.datid.load(Ordering::Acquire);
+    if previous != datid {
+        let owner = shared().and_then(|s| s.slots.iter().find(|d| previous != 0 && d.datid.load(Ordering::Acquire) == previous));
+        for (i, counter) in slot.counters.iter().enumerate() {
+            let n = counter.swap(0, Ordering::AcqRel);
+            if let Some(owner) = owner {
+                owner.counters[i].fetch_add(n, Ordering::Relaxed);
+            }
+        }
+        slot.datid.store(datid, Ordering::Release);
+    }
+    LOCAL.my_backend_slot.set(Some(slot));
+    Some(slot)
+}
+
+/// A database's count: its slot and the backend slots tagged with it.
+fn total(db: &DatabaseSlot, counter: Counter) -> u64 {
+    let datid = db.datid.load(Ordering::Acquire);
+    db.counters[counter as usize].load(Ordering::Relaxed)
+        + backend_slots()
+            .iter()
+            .filter(|b| b.datid.load(Ordering::Acquire) == datid)
+            .map(|b| b.counters[counter as usize].load(Ordering::Relaxed))
+            .sum::<u64>()
 }
 
 fn shared() -> Option<&'static SharedStats> {
@@ -117,8 +208,16 @@ pub(crate) fn now() -> i64 {
 /// after the commit record is written.
 #[inline]
 pub fn count(counter: Counter) {
-    if let Some(slot) = my_slot() {
-        slot.counters[counter as usize].fetch_add(1, Ordering::Relaxed);
+    add(counter as usize, 1);
+}
+
+/// Into this backend's slot, or the database's slot for a process without
+/// a backend number.
+fn add(counter: usize, n: u64) {
+    if let Some(slot) = my_backend_slot() {
+        slot.counters[counter].fetch_add(n, Ordering::Relaxed);
+    } else if let Some(slot) = my_slot() {
+        slot.counters[counter].fetch_add(n, Ordering::Relaxed);
     }
 }
 
@@ -142,9 +241,7 @@ pub fn flush_pending() {
     for (i, cell) in LOCAL.pending.iter().enumerate() {
         let n = cell.replace(0);
         if n != 0 {
-            if let Some(slot) = my_slot() {
-                slot.counters[i].fetch_add(n, Ordering::Relaxed);
-            }
+            add(i, n);
         }
     }
 }
@@ -176,7 +273,7 @@ fn delayed_durability_stats_per_database() -> TableIterator<
                 .iter()
                 .filter(|slot| slot.datid.load(Ordering::Acquire) != 0)
                 .map(|slot| {
-                    let c = |k: Counter| slot.counters[k as usize].load(Ordering::Relaxed) as i64;
+                    let c = |k: Counter| total(slot, k) as i64;
                     (
                         pg_sys::Oid::from(slot.datid.load(Ordering::Relaxed)),
                         c(Counter::CommitsDurable),
@@ -214,6 +311,11 @@ fn delayed_durability_stats_reset() {
                 counter.store(0, Ordering::Relaxed);
             }
             slot.stats_reset.store(reset_at, Ordering::Relaxed);
+        }
+        for slot in backend_slots() {
+            for counter in &slot.counters {
+                counter.store(0, Ordering::Relaxed);
+            }
         }
     }
 }
