@@ -103,6 +103,8 @@ def exp5_pmem(c, scale, log):
         "(PostgreSQL 18 counts the absorbed calls in pg_stat_io too; they are subtracted here.)",
         f"libpmem reported the buffer as {'persistent memory' if is_pmem else 'not persistent memory (msync)'}.",
         PMEM_NOTE,
+        "No article figure: the log-buffer article (seed 002) describes SQL Server's persisted log buffer on "
+        "storage-class memory but measures nothing with it, so this table and its chart show ours only.",
     ]
     return dict(title="5. Persistent WAL buffer (SQL Server's persisted log buffer)",
                 columns=["variant", "transactions", "seconds", "flushes", "fsyncs_avoided", "buffer_drains"],

@@ -17,6 +17,30 @@ def label_of(row, key):
     return str(row[key])
 
 
+def is_number(v):
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def draw_normalised_times(ax, rows):
+    """Ours and the article's durations side by side, each divided by its
+    own longest row that has both: the shape compares where the machines'
+    speeds do not."""
+    both = [r for r in rows if is_number(r.get("article_seconds"))]
+    ours_max = max(r["seconds"] for r in both) or 1e-9
+    art_max = max(r["article_seconds"] for r in both) or 1e-9
+    ys = range(len(rows))
+    ours = [r["seconds"] / ours_max if r in both else 0 for r in rows]
+    art = [r["article_seconds"] / art_max if r in both else 0 for r in rows]
+    h = 0.4
+    ax.barh([y - h / 2 for y in ys], ours, height=h, color="#4477aa", label="ours")
+    ax.barh([y + h / 2 for y in ys], art, height=h, color="#ddaa33", label="article")
+    ax.set_yticks(list(ys), [""] * len(rows))
+    ax.invert_yaxis()
+    ax.set_xlabel("time / longest row's time (rows with an article figure)")
+    ax.set_title("ours vs the article, normalised")
+    ax.legend(fontsize=8)
+
+
 def draw_chart(result, path):
     try:
         import matplotlib
@@ -40,7 +64,10 @@ def draw_chart(result, path):
     else:
         rows = result["rows"]
         labels = [label_of(r, key) for r in rows]
-        fig, (a1, a2) = plt.subplots(1, 2, figsize=(12, max(3.5, 0.45 * len(rows) + 1.5)))
+        with_article = any(is_number(r.get("article_seconds")) for r in rows)
+        fig, axes = plt.subplots(1, 3 if with_article else 2,
+                                 figsize=(17 if with_article else 12, max(3.5, 0.45 * len(rows) + 1.5)))
+        a1, a2 = axes[0], axes[1]
         ys = range(len(rows))
         a1.barh(ys, [r["seconds"] for r in rows], color="#4477aa")
         a1.set_yticks(list(ys), labels, fontsize=8)
@@ -53,6 +80,8 @@ def draw_chart(result, path):
         a2.set_xscale("log")
         a2.set_xlabel("WAL flushes (log scale)")
         a2.set_title("log flushes")
+        if with_article:
+            draw_normalised_times(axes[2], rows)
         fig.suptitle(result["title"])
     fig.tight_layout()
     fig.savefig(path, dpi=90)
@@ -95,13 +124,16 @@ def machine_description():
     return f"{os.cpu_count()} x {cpu}{mem}, {platform.platform()}, {pg}"
 
 
-def write_report(out, scale_name, scale, results, skipped, elapsed, server_version):
+def write_report(out, scale_name, scale, results, skipped, elapsed, server_version, kept=()):
     md = [f"# Delayed durability experiments ({scale_name} scale)", "",
           f"Machine: {machine_description()}. Server: PostgreSQL {server_version}.", "",
           f"Run took {elapsed:.0f} s. Durations are the server clock around the work only; flushes are WAL "
           "fsyncs (PostgreSQL's own count: the `pg_stat_wal.wal_sync` delta, `pg_stat_io`'s WAL fsyncs "
           "from 18). Absolute seconds on a shared VM move with load: compare "
           "the ratios, measured side by side in one run.", ""]
+    if kept:
+        md += [f"Experiments {', '.join(kept)} were kept from an earlier run into this directory (same scale and "
+               f"server, `run.py --keep`); the time above is the last run's.", ""]
     if scale_name != "full":
         md += [f"Counts are scaled down ({scale_name} scale: {scale}); the article figures are "
                "for the articles' full sizes, so compare ratios, not absolute values. "
@@ -120,4 +152,4 @@ def write_report(out, scale_name, scale, results, skipped, elapsed, server_versi
         f.write("\n".join(md))
     with open(os.path.join(out, "results.json"), "w") as f:
         json.dump({"scale": scale_name, "server_version": server_version, "results": {k: v for k, v in results},
-                   "skipped": dict(skipped)}, f, indent=1, default=str)
+                   "skipped": dict(skipped), "kept": list(kept)}, f, indent=1, default=str)

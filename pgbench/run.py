@@ -10,6 +10,7 @@ pg_stat_io from 18).
     python3 pgbench/run.py [--scale tiny|quick|full] [--out DIR] [--only 1,2,...]
 """
 import argparse
+import json
 import os
 import sys
 import time
@@ -50,12 +51,28 @@ EXPERIMENTS = [
 ]
 
 
+def keep_earlier(out, scale_name, server_version, rerun):
+    """The results of experiments not rerun, from the report already in
+    `out` (same scale and server version only)."""
+    try:
+        with open(os.path.join(out, "results.json")) as f:
+            earlier = json.load(f)
+    except (OSError, ValueError):
+        return []
+    if earlier.get("scale") != scale_name or earlier.get("server_version") != server_version:
+        sys.exit(f"--keep: {out}/results.json is of another scale or server version")
+    return [(k, v) for k, v in earlier["results"].items() if k not in rerun]
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--scale", choices=SCALES, default="quick")
     ap.add_argument("--out", default=os.path.join(HERE, "report"))
     ap.add_argument("--only", default="", help="comma-separated experiment numbers")
     ap.add_argument("--port", type=int, default=55432)
+    ap.add_argument("--keep", action="store_true",
+                    help="with --only: keep the other experiments' results already in --out (same scale), "
+                         "so that a report can be completed one experiment at a time")
     args = ap.parse_args()
     scale = SCALES[args.scale]
     only = set(filter(None, args.only.split(",")))
@@ -87,7 +104,12 @@ def main():
                   + "\n", flush=True)
     finally:
         c.stop()
-    write_report(args.out, args.scale, scale, results, skipped, time.monotonic() - log.start, server_version)
+    kept = []
+    if args.keep and only:
+        kept = keep_earlier(args.out, args.scale, server_version, {k for k, _ in results} | {k for k, _ in skipped})
+        results = sorted(results + kept, key=lambda r: [e for e, _ in EXPERIMENTS].index(r[0]))
+    write_report(args.out, args.scale, scale, results, skipped, time.monotonic() - log.start, server_version,
+                 kept=[k for k, _ in kept])
     log(f"done: {os.path.join(args.out, 'report.md')}")
 
 

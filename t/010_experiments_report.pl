@@ -45,6 +45,9 @@ like($report, qr/ratio: ours [\d.]+x, article [\d.]+x/, 'ratios printed');
 my ($durable1, $delayed1) = @{ $r{1}{rows} };
 cmp_ok($durable1->{flushes}, '>=', $durable1->{transactions}, 'exp 1: durable flushes >= transactions');
 cmp_ok($delayed1->{flushes}, '<', $durable1->{transactions} / 4, 'exp 1: delayed flushes far fewer');
+is($durable1->{transactions}, $r{1}{rows}[1]{transactions}, 'exp 1: same number of calls both ways');
+is(join(',', map { $_->{database_mode} } @{ $r{1}{rows} }), 'allowed,allowed',
+	'exp 1: the policy is ALLOWED, set per database');
 
 # Experiment 5: with the buffer, durable commits avoid their WAL fsync.
 my %e5 = map { ($_->{variant} => $_) } @{ $r{5}{rows} };
@@ -73,9 +76,11 @@ for my $mode ('durable', 'delayed')
 	cmp_ok($c50->{flushes}, '>=', $c50->{values} / 50, "exp 3 $mode: CACHE 50 at least values/50 flushes");
 	cmp_ok($c50->{flushes}, '<=', $c50->{values} / 50 + 3, "exp 3 $mode: CACHE 50 at most values/50 + 3");
 	cmp_ok($e3{"$mode/temporary/1/cached_nextval"}{flushes}, '<=', 2, "exp 3 $mode: temporary sequence does not flush");
+	cmp_ok($e3{"$mode/unlogged/1/cached_nextval"}{flushes}, '<=', 2, "exp 3 $mode: unlogged sequence does not flush");
 	cmp_ok($e3{"$mode/permanent/1/nextval"}{flushes}, '<=', 2, "exp 3 $mode: native nextval does not flush");
 }
 
+is(scalar(grep { $_->{article_flushes} ne '' } @{ $r{3}{rows} }), 12, "exp 3: the article's twelve cells beside ours");
 like($report, qr/cached_nextval \/ nextval throughput, .+: [\d.]+x, 95% interval (n\/a \(too few pairs\)|[\d.]+-[\d.]+), \d+ interleaved pairs/,
 	'exp 3: throughput ratios with their interval and pair count');
 
@@ -85,8 +90,18 @@ my ($interval) = `/usr/bin/python3 -c "import sys; sys.path.insert(0, '$work/pgb
 is($interval, "(6.5, 3, 10) (3, None, None) 0.9614\n", 'median interval from order statistics');
 
 # Experiment 4: durable commits flush (group commit may share), delayed far fewer.
-my ($durable4, $delayed4) = @{ $r{4}{rows} };
+my ($durable4, $delayed4, $forced4) = @{ $r{4}{rows} };
 cmp_ok($durable4->{flushes}, '>', $delayed4->{flushes}, 'exp 4: durable run flushes more than the delayed one');
+is(join(',', map { $_->{database_mode} } ($durable4, $delayed4, $forced4)), 'disabled,allowed,forced',
+	"exp 4: the article's delayed run (ALLOWED, per-commit opt-in) first, FORCED second");
+# The article's Process Monitor view: durable commits write WAL about once
+# each (group commit shares some), delayed ones far less often.
+my $writes = $r{4}{wal_writes};
+ok($writes && $writes->{durable}, 'exp 4: WAL writes traced (strace)')
+	or diag(join("\n", @{ $r{4}{notes} }));
+cmp_ok($writes->{durable}{writes_per_commit}, '>', 4 * $writes->{$delayed4->{variant}}{writes_per_commit},
+	'exp 4: durable commits write WAL far more often than delayed ones');
+like($report, qr/### Wait events of the pgbench backends/, 'exp 4: wait events table');
 
 # Experiment 6: same WAL volume, more segments with 1 MB segments.
 my %e6 = map { ("$_->{step}/$_->{wal_segment_mb}" => $_) } @{ $r{6}{rows} };
@@ -96,6 +111,8 @@ for my $step ('insert', 'update', 'delete')
 	cmp_ok(abs($small->{wal_mb} - $big->{wal_mb}), '<=', 0.2 * $big->{wal_mb} + 0.5,
 		"exp 6 $step: same WAL volume with both segment sizes");
 	cmp_ok($small->{segments_filled}, '>', $big->{segments_filled}, "exp 6 $step: more segments when they are small");
+	ok(defined $small->{segments_created} && defined $small->{segments_recycled},
+		"exp 6 $step: segments created and recycled counted");
 }
 
 done_testing();
