@@ -25,18 +25,24 @@ def totals(results, exp_id):
     return (sum(r["seconds"] for r in rows), sum(r.get(WORK[exp_id], 0) for r in rows), res["title"])
 
 
-def main(small_path, big_path):
-    small, big = (json.load(open(p)) for p in (small_path, big_path))
-    print(f"| experiment | work ({small['scale']}) | work ({big['scale']}) | work factor | seconds ({small['scale']}) "
-          f"| seconds ({big['scale']}) | time factor | time factor / work factor |")
-    print("|---|---|---|---|---|---|---|---|")
+def table(small, big):
+    """Markdown lines: per experiment, work and time factors between the scales."""
+    out = [f"| experiment | work ({small['scale']}) | work ({big['scale']}) | work factor | seconds ({small['scale']}) "
+           f"| seconds ({big['scale']}) | time factor | time factor / work factor |",
+           "|---|---|---|---|---|---|---|---|"]
     for exp_id in sorted(WORK):
         a, b = totals(small, exp_id), totals(big, exp_id)
         if not a or not b:
             continue
         wf = b[1] / max(a[1], 1)
         tf = b[0] / max(a[0], 1e-9)
-        print(f"| {a[2]} | {a[1]:,} | {b[1]:,} | {wf:.1f} | {a[0]:.1f} | {b[0]:.1f} | {tf:.1f} | {tf / wf:.2f} |")
+        out.append(f"| {a[2]} | {a[1]:,} | {b[1]:,} | {wf:.1f} | {a[0]:.1f} | {b[0]:.1f} | {tf:.1f} | {tf / wf:.2f} |")
+    return out
+
+
+def main(small_path, big_path):
+    small, big = (json.load(open(p)) for p in (small_path, big_path))
+    print("\n".join(table(small, big)))
 
 
 if __name__ == "__main__":

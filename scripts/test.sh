@@ -101,7 +101,7 @@ clean_shm() {
     done
 }
 trap clean_shm EXIT
-cp -r "$REPO_ROOT/sql" "$REPO_ROOT/expected" "$REPO_ROOT/t" "$REPO_ROOT/pgbench" "$work/"
+cp -r "$REPO_ROOT/sql" "$REPO_ROOT/expected" "$REPO_ROOT/t" "$REPO_ROOT/pgbench" "$REPO_ROOT/README.md" "$work/"
 chown -R postgres: "$work"
 
 if [ $run_unit = 1 ]; then
