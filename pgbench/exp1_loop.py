@@ -74,8 +74,8 @@ def exp1_loop(c, scale, log):
                f"= 'allowed', a table with a primary key and a varchar(255) column, {calls:,} calls of a procedure "
                "that inserts and commits; the delayed procedure calls commit_delayed() before its COMMIT. "
                "PostgreSQL has no clustered index; the primary key is a separate b-tree.",
-               "The article gives whole seconds (its timer is datediff in seconds): its per-commit figures "
-               "are uncertain by 0.5 s in 16 s (3%, durable) and in 3 s (17%, delayed)."],
+               "The article gives whole seconds (its timer, DATEDIFF in seconds, counts second boundaries "
+               "crossed): its figures are uncertain by up to 1 s in 16 s (6%, durable) and in 3 s (33%, delayed)."],
         chart=("bars", "variant"),
         article_ratio=dict(label="durable / delayed time", ours=round(ratio, 2), article=round(16 / 3, 2)),
     )

@@ -74,7 +74,12 @@ def draw_chart(result, path):
         a1.invert_yaxis()
         a1.set_xlabel("seconds (server clock)")
         a1.set_title("duration")
-        a2.barh(ys, [max(r["flushes"], 0.5) for r in rows], color="#cc6677")
+        a2.barh(ys, [max(r["flushes"], 0.5) for r in rows], color="#cc6677", label="ours")
+        art = [(y, r["article_flushes"]) for y, r in zip(ys, rows) if is_number(r.get("article_flushes"))]
+        if art:
+            a2.scatter([max(v, 0.5) for _, v in art], [y for y, _ in art], marker="D", color="#ddaa33",
+                       zorder=3, label="article")
+            a2.legend(fontsize=8)
         a2.set_yticks(list(ys), [""] * len(rows))
         a2.invert_yaxis()
         a2.set_xscale("log")

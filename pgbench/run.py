@@ -51,16 +51,26 @@ EXPERIMENTS = [
 ]
 
 
-def keep_earlier(out, scale_name, server_version, rerun):
-    """The results of experiments not rerun, from the report already in
-    `out` (same scale and server version only)."""
+def earlier_results(out, scale_name):
+    """The report already in `out`, for --keep: checked before anything
+    runs, so that a mismatch costs no experiment's results."""
     try:
         with open(os.path.join(out, "results.json")) as f:
             earlier = json.load(f)
     except (OSError, ValueError):
+        return None
+    if earlier.get("scale") != scale_name or not earlier.get("server_version"):
+        sys.exit(f"--keep: {out}/results.json is of another scale or names no server version")
+    return earlier
+
+
+def keep_earlier(earlier, server_version, rerun):
+    """The results of experiments not rerun (same server version only)."""
+    if earlier is None:
         return []
-    if earlier.get("scale") != scale_name or earlier.get("server_version") != server_version:
-        sys.exit(f"--keep: {out}/results.json is of another scale or server version")
+    if earlier["server_version"] != server_version:
+        print(f"--keep: the earlier report is of server {earlier['server_version']}: nothing kept", flush=True)
+        return []
     return [(k, v) for k, v in earlier["results"].items() if k not in rerun]
 
 
@@ -76,6 +86,7 @@ def main():
     args = ap.parse_args()
     scale = SCALES[args.scale]
     only = set(filter(None, args.only.split(",")))
+    earlier = earlier_results(args.out, args.scale) if args.keep and only else None
     os.makedirs(args.out, exist_ok=True)
     log = Progress()
     log(f"scale {args.scale}; report in {args.out}")
@@ -106,7 +117,7 @@ def main():
         c.stop()
     kept = []
     if args.keep and only:
-        kept = keep_earlier(args.out, args.scale, server_version, {k for k, _ in results} | {k for k, _ in skipped})
+        kept = keep_earlier(earlier, server_version, {k for k, _ in results} | {k for k, _ in skipped})
         results = sorted(results + kept, key=lambda r: [e for e, _ in EXPERIMENTS].index(r[0]))
     write_report(args.out, args.scale, scale, results, skipped, time.monotonic() - log.start, server_version,
                  kept=[k for k, _ in kept])

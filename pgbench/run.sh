@@ -2,8 +2,8 @@
 # The main job: installs what it needs, builds and installs the extension,
 # then runs the experiments on a throwaway local cluster and writes
 # pgbench/report/report.md with one PNG chart per experiment.
-#   bash pgbench/run.sh                 quick scale (about 8 minutes once built)
-#   bash pgbench/run.sh --scale full    the articles' sizes (hours)
+#   bash pgbench/run.sh                 quick scale (about 5 minutes once built)
+#   bash pgbench/run.sh --scale full    the articles' sizes (--only 1,2,3,4,5,6: under half an hour; experiment 7 adds over an hour)
 #   bash pgbench/run.sh --only 1,2      some experiments
 #   bash pgbench/run.sh --pg 18         on another major version (15, 17, 18;
 #                                       built from source the first time);

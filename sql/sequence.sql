@@ -241,7 +241,7 @@ BEGIN;
 SELECT nextval('temp_prep');
 PREPARE TRANSACTION 'dd_temp_seq_native';
 SELECT count(*) AS prepared FROM pg_prepared_xacts;
--- Once per transaction: the second call (lock already taken) marks it too.
+-- Calls after the first in a transaction (the lock already taken) keep the mark.
 BEGIN;
 SELECT cached_nextval('temp_prep');
 COMMIT;

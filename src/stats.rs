@@ -78,7 +78,14 @@ static LOCAL: BackendLocal = BackendLocal {
 };
 
 fn max_backends() -> usize {
-    // SAFETY: set by the postmaster before shared memory is requested.
+    // Before 15 shared memory is requested from _PG_init, before
+    // MaxBackends is known: no per-backend slots there (every process
+    // counts into its database's slot).
+    if cfg!(any(feature = "pg13", feature = "pg14")) {
+        return 0;
+    }
+    // SAFETY: set by the postmaster before the shared-memory request hook
+    // (15 and later).
     unsafe { pg_sys::MaxBackends }.max(0) as usize
 }
 
@@ -140,7 +147,7 @@ fn my_backend_slot() -> Option<&'static BackendSlot> {
         for (i, counter) in slot.counters.iter().enumerate() {
             let n = counter.swap(0, Ordering::AcqRel);
             if let Some(owner) = owner {
-                owner.counters[i].fetch_add(n, Ordering::Relaxed);
+                owner.counters[i].fetch_add(n, Ordering::Release);
             }
         }
         slot.datid.store(datid, Ordering::Release);
@@ -152,7 +159,9 @@ fn my_backend_slot() -> Option<&'static BackendSlot> {
 /// A database's count: its slot and the backend slots tagged with it.
 fn total(db: &DatabaseSlot, counter: Counter) -> u64 {
     let datid = db.datid.load(Ordering::Acquire);
-    db.counters[counter as usize].load(Ordering::Relaxed)
+    // Acquire: the backend slots are read after the database's count, so a
+    // fold (backend slot emptied, then added here) is never counted twice.
+    db.counters[counter as usize].load(Ordering::Acquire)
         + backend_slots()
             .iter()
             .filter(|b| b.datid.load(Ordering::Acquire) == datid)
@@ -300,6 +309,13 @@ fn delayed_durability_stats_per_database() -> TableIterator<
 #[pg_extern(volatile, parallel_unsafe)]
 fn delayed_durability_stats_reset() {
     crate::preload::require_preloaded();
+    // Backend slots first, then the databases' (a fold moves counts the
+    // other way).
+    for slot in backend_slots() {
+        for counter in &slot.counters {
+            counter.store(0, Ordering::Relaxed);
+        }
+    }
     if let Some(s) = shared() {
         let reset_at = now();
         for slot in s
@@ -311,11 +327,6 @@ fn delayed_durability_stats_reset() {
                 counter.store(0, Ordering::Relaxed);
             }
             slot.stats_reset.store(reset_at, Ordering::Relaxed);
-        }
-        for slot in backend_slots() {
-            for counter in &slot.counters {
-                counter.store(0, Ordering::Relaxed);
-            }
         }
     }
 }
