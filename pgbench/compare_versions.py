@@ -67,19 +67,24 @@ def figures(results):
     return out
 
 
+def table(paths):
+    """Markdown lines: one column per results directory."""
+    runs = [load(p) for p in paths]
+    figs = [dict(figures(results)) for _, results in runs]
+    labels = []
+    for t in figs:
+        labels += [k for k in t if k not in labels]
+    out = ["| figure | " + " | ".join(f"PostgreSQL {v}" for v, _ in runs) + " |", "|---|" + "---|" * len(runs)]
+    for label in labels:
+        out.append(f"| {label} | " + " | ".join(t.get(label, "—") for t in figs) + " |")
+    return out
+
+
 def main():
     paths = sys.argv[1:]
     if not paths:
         sys.exit(__doc__)
-    runs = [load(p) for p in paths]
-    table = [dict(figures(results)) for _, results in runs]
-    labels = []
-    for t in table:
-        labels += [k for k in t if k not in labels]
-    print("| figure | " + " | ".join(f"PostgreSQL {v}" for v, _ in runs) + " |")
-    print("|---|" + "---|" * len(runs))
-    for label in labels:
-        print(f"| {label} | " + " | ".join(t.get(label, "—") for t in table) + " |")
+    print("\n".join(table(paths)))
 
 
 if __name__ == "__main__":

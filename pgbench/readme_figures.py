@@ -187,15 +187,7 @@ def wal_buffer(path):
 
 def versions(*paths):
     """The quick experiments on several major versions."""
-    runs = [compare_versions.load(os.path.join(ROOT, p)) for p in paths]
-    table = [dict(compare_versions.figures(results)) for _, results in runs]
-    labels = []
-    for t in table:
-        labels += [k for k in t if k not in labels]
-    out = ["| figure | " + " | ".join(f"PostgreSQL {v}" for v, _ in runs) + " |", "|---|" + "---|" * len(runs)]
-    for label in labels:
-        out.append(f"| {label} | " + " | ".join(t.get(label, "—") for t in table) + " |")
-    return out
+    return compare_versions.table([os.path.join(ROOT, p) for p in paths])
 
 
 def loss_budget(path):
