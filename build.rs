@@ -10,7 +10,13 @@
 
 use pgrx_pg_config::{PgConfig, Pgrx};
 
-const SOURCES: [&str; 4] = ["src/c/hooks.c", "src/c/sequence_call.c", "src/c/sequence_page.c", "src/c/sync_standby.c"];
+const SOURCES: [&str; 5] = [
+    "src/c/hooks.c",
+    "src/c/sequence_call.c",
+    "src/c/sequence_page.c",
+    "src/c/sync_standby.c",
+    "src/c/table_class.c",
+];
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     for source in SOURCES {

@@ -22,6 +22,7 @@
 
 use crate::guc::{self, Mode};
 use crate::stats::{self, Counter};
+use crate::table_class;
 use pgrx::pg_sys;
 use pgrx::prelude::*;
 use std::cell::Cell;
@@ -30,8 +31,12 @@ use std::ffi::CStr;
 /// What the policy decided at pre-commit.
 #[derive(Clone, Copy)]
 struct Decision {
-    /// The policy asked for a delayed commit.
+    /// The policy, tables' classes included, asked for a delayed commit.
     wanted_delayed: bool,
+    /// A `durable` table made durable a commit the policy would have delayed.
+    durable_by_table: bool,
+    /// `delayed` tables made delayed a commit the policy would have made durable.
+    delayed_by_table: bool,
     /// The commit level this commit runs with is off.
     delayed: bool,
     /// The transaction had an xid at pre-commit.
@@ -183,11 +188,19 @@ fn before_commit() {
     let mode = guc::mode();
     let requested = STATE.requested.get();
     let sync_off = commit_level() == OFF;
-    let wanted_delayed = match mode {
+    let had_xid = transaction_has_xid();
+    // Without an xid the transaction modified no table.
+    let tables = if had_xid { table_class::modified() } else { table_class::Modified::default() };
+    let policy_delayed = match mode {
         Mode::Disabled => false,
         Mode::Allowed => requested || sync_off,
         Mode::Forced => true,
     };
+    // Precedence: a durable table, then the disabled mode, then the reasons
+    // to delay (commit_delayed(), delayed tables, forced, synchronous_commit).
+    let durable_by_table = policy_delayed && tables.durable;
+    let delayed_by_table = !policy_delayed && mode != Mode::Disabled && tables.only_delayed;
+    let wanted_delayed = (policy_delayed && !tables.durable) || delayed_by_table;
     let delayed = wanted_delayed && !STATE.durable_required.get();
     // SAFETY: backend-local; the end of this transaction's last WAL record, 0 if none.
     let last_rec_end = unsafe { pg_sys::XactLastRecEnd };
@@ -198,11 +211,13 @@ fn before_commit() {
     }
     STATE.decision.set(Some(Decision {
         wanted_delayed,
+        durable_by_table,
+        delayed_by_table,
         delayed,
-        had_xid: transaction_has_xid(),
+        had_xid,
         wrote_wal: last_rec_end != 0,
         last_rec_end,
-        ignored_request: requested && mode == Mode::Disabled,
+        ignored_request: (requested || tables.only_delayed) && mode == Mode::Disabled,
     }));
 }
 
@@ -256,6 +271,12 @@ fn after_commit() {
             stats::count(if flushed || budget_flushed { Counter::CommitsDurable } else { Counter::CommitsDelayed });
             if flushed && decision.wanted_delayed {
                 stats::count(Counter::CommitsForcedDurable);
+            }
+            if decision.durable_by_table {
+                stats::count(Counter::CommitsDurableByTable);
+            }
+            if decision.delayed_by_table && !flushed && !budget_flushed {
+                stats::count(Counter::CommitsDelayedByTable);
             }
             if budget_flushed {
                 stats::count(Counter::CommitsBudgetFlushed);

@@ -17,6 +17,7 @@ mod receipts;
 mod sequence;
 mod shmem;
 mod stats;
+mod table_class;
 mod walbuf;
 
 pgrx::pg_module_magic!();
@@ -49,6 +50,7 @@ pub extern "C-unwind" fn _PG_init() {
     shmem::install_hooks();
     loss::register_worker();
     sequence::register_callbacks();
+    table_class::register_callbacks();
     commit::install_hooks();
     preload::mark_preloaded();
 }
@@ -65,6 +67,8 @@ CREATE VIEW delayed_durability_stats AS
            coalesce(s.delayed_requests_ignored, 0) AS delayed_requests_ignored,
            coalesce(s.commits_forced_durable, 0) AS commits_forced_durable,
            coalesce(s.commits_budget_flushed, 0) AS commits_budget_flushed,
+           coalesce(s.commits_durable_by_table, 0) AS commits_durable_by_table,
+           coalesce(s.commits_delayed_by_table, 0) AS commits_delayed_by_table,
            coalesce(s.flush_log_calls, 0) AS flush_log_calls,
            coalesce(s.sequence_values, 0) AS sequence_values,
            coalesce(s.sequence_recovery_writes, 0) AS sequence_recovery_writes,

@@ -28,8 +28,10 @@ pub enum Counter {
     SequenceRecoveryWrites,
     SequenceFlushes,
     CommitsBudgetFlushed,
+    CommitsDurableByTable,
+    CommitsDelayedByTable,
 }
-const COUNTERS: usize = Counter::CommitsBudgetFlushed as usize + 1;
+const COUNTERS: usize = Counter::CommitsDelayedByTable as usize + 1;
 
 #[repr(C)]
 struct DatabaseSlot {
@@ -271,6 +273,8 @@ fn delayed_durability_stats_per_database() -> TableIterator<
         name!(sequence_recovery_writes, i64),
         name!(sequence_flushes, i64),
         name!(commits_budget_flushed, i64),
+        name!(commits_durable_by_table, i64),
+        name!(commits_delayed_by_table, i64),
         name!(stats_reset, Option<TimestampWithTimeZone>),
     ),
 > {
@@ -294,6 +298,8 @@ fn delayed_durability_stats_per_database() -> TableIterator<
                         c(Counter::SequenceRecoveryWrites),
                         c(Counter::SequenceFlushes),
                         c(Counter::CommitsBudgetFlushed),
+                        c(Counter::CommitsDurableByTable),
+                        c(Counter::CommitsDelayedByTable),
                         TimestampWithTimeZone::try_from(slot.stats_reset.load(Ordering::Relaxed))
                             .ok(),
                     )

@@ -1,0 +1,286 @@
+//! Durability classes per table: `durable` tables make every commit that
+//! modified them durable, `delayed` tables make a commit that modified only
+//! them (and temporary or unlogged tables) delayed. The classes live in the
+//! extension's configuration table; each backend keeps them in a hash map
+//! from relation to class, built on the first commit that needs it and
+//! again after an invalidation (a relcache invalidation of pg_extension,
+//! sent when the configuration table changes; of the configuration table,
+//! when it is dropped; of a classified table, when it gains partitions or a
+//! TOAST table; or of everything). What the transaction modified comes from
+//! PostgreSQL's per-transaction table statistics (src/c/table_class.c), so a
+//! commit costs a walk of the tables it wrote and a lookup for each.
+
+use pgrx::pg_sys;
+use pgrx::prelude::*;
+use std::cell::{Cell, RefCell};
+use std::collections::HashMap;
+use std::hash::{BuildHasherDefault, Hasher};
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Class {
+    Durable,
+    Delayed,
+}
+
+/// Relation OIDs are small integers: one multiply spreads them well.
+#[derive(Default)]
+struct OidHasher(u64);
+impl Hasher for OidHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for b in bytes {
+            self.0 = (self.0 << 8 | *b as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+        }
+    }
+    fn write_u32(&mut self, n: u32) {
+        self.0 = (n as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    }
+}
+type ClassMap = HashMap<u32, Class, BuildHasherDefault<OidHasher>>;
+
+struct Cache {
+    /// The map reflects the configuration table (no invalidation since).
+    valid: Cell<bool>,
+    /// Bumped by every invalidation that concerns the map.
+    generation: Cell<u64>,
+    config_relid: Cell<pg_sys::Oid>,
+    classes: RefCell<ClassMap>,
+}
+// SAFETY: a PostgreSQL backend runs this code on one thread only.
+unsafe impl Sync for Cache {}
+static CACHE: Cache = Cache {
+    valid: Cell::new(false),
+    generation: Cell::new(0),
+    config_relid: Cell::new(pg_sys::InvalidOid),
+    classes: RefCell::new(HashMap::with_hasher(BuildHasherDefault::new())),
+};
+
+// Called through pg_guard_ffi_boundary where they can raise an error.
+unsafe extern "C-unwind" {
+    fn dd_xact_modified_relations(out: *mut pg_sys::Oid, max: std::ffi::c_int) -> std::ffi::c_int;
+    fn dd_relation_persistence(relid: pg_sys::Oid) -> std::ffi::c_char;
+    fn dd_table_class_config_relid() -> pg_sys::Oid;
+    fn dd_table_class_load(
+        config_relid: pg_sys::Oid,
+        relids: *mut *mut pg_sys::Oid,
+        classes: *mut *mut std::ffi::c_char,
+    ) -> std::ffi::c_int;
+    fn dd_table_class_set(config_relid: pg_sys::Oid, relid: pg_sys::Oid, class: *const std::ffi::c_char);
+}
+
+pub fn register_callbacks() {
+    // SAFETY: called once from _PG_init in the postmaster; backends inherit it.
+    unsafe { pg_sys::CacheRegisterRelcacheCallback(Some(relation_changed), pg_sys::Datum::from(0)) };
+}
+
+/// Relcache invalidation: marks the map stale when it concerns it. Raises
+/// nothing (it runs wherever invalidations are processed).
+unsafe extern "C-unwind" fn relation_changed(_arg: pg_sys::Datum, relid: pg_sys::Oid) {
+    let concerns_map = relid == pg_sys::InvalidOid
+        || relid == pg_sys::ExtensionRelationId
+        || relid == CACHE.config_relid.get()
+        || CACHE.classes.try_borrow().map_or(true, |map| map.contains_key(&u32::from(relid)));
+    if concerns_map {
+        CACHE.valid.set(false);
+        CACHE.generation.set(CACHE.generation.get() + 1);
+    }
+}
+
+/// Rebuilds the map from the configuration table.
+fn load() {
+    let generation = CACHE.generation.get();
+    let mut map = ClassMap::default();
+    // SAFETY: catalog reads inside the committing transaction; an error
+    // becomes a Rust panic here and is raised again by the caller's guard.
+    let config = unsafe { pg_sys::ffi::pg_guard_ffi_boundary(|| dd_table_class_config_relid()) };
+    if config != pg_sys::InvalidOid {
+        let mut relids: *mut pg_sys::Oid = std::ptr::null_mut();
+        let mut classes: *mut std::ffi::c_char = std::ptr::null_mut();
+        // SAFETY: as above; the arrays are palloc'd, `n` entries long.
+        let n = unsafe { pg_sys::ffi::pg_guard_ffi_boundary(|| dd_table_class_load(config, &mut relids, &mut classes)) };
+        if n > 0 {
+            // SAFETY: the C function returned n valid entries in each array.
+            let (relids, classes) =
+                unsafe { (std::slice::from_raw_parts(relids, n as usize), std::slice::from_raw_parts(classes, n as usize)) };
+            // A later pair overrides an earlier one (nearer partition ancestor).
+            for (relid, class) in relids.iter().zip(classes) {
+                let class = if *class as u8 == b'D' { Class::Durable } else { Class::Delayed };
+                map.insert(u32::from(*relid), class);
+            }
+        }
+    }
+    CACHE.config_relid.set(config);
+    *CACHE.classes.borrow_mut() = map;
+    // An invalidation that arrived while reading means another read next time.
+    CACHE.valid.set(CACHE.generation.get() == generation);
+}
+
+/// What the committing transaction modified, as far as classes go.
+#[derive(Clone, Copy, Default)]
+pub struct Modified {
+    /// It modified a table of class `durable`.
+    pub durable: bool,
+    /// It modified a table of class `delayed` and otherwise only tables of
+    /// class `delayed`, temporary or unlogged ones.
+    pub only_delayed: bool,
+}
+
+/// At pre-commit of a transaction that has an xid.
+pub fn modified() -> Modified {
+    if !CACHE.valid.get() {
+        load();
+    }
+    if CACHE.classes.borrow().is_empty() {
+        return Modified::default();
+    }
+    let mut buffer = [pg_sys::InvalidOid; 16];
+    let mut relids: Vec<pg_sys::Oid> = Vec::new();
+    // SAFETY: reads this backend's transaction statistics; the top level is
+    // made (palloc) when missing, so the call is guarded.
+    let n = unsafe {
+        pg_sys::ffi::pg_guard_ffi_boundary(|| dd_xact_modified_relations(buffer.as_mut_ptr(), buffer.len() as i32))
+    };
+    let written: &[pg_sys::Oid] = if n < 0 {
+        return Modified::default();
+    } else if n as usize <= buffer.len() {
+        &buffer[..n as usize]
+    } else {
+        relids.resize(n as usize, pg_sys::InvalidOid);
+        // SAFETY: as above, with room for all n.
+        unsafe { pg_sys::ffi::pg_guard_ffi_boundary(|| dd_xact_modified_relations(relids.as_mut_ptr(), n)) };
+        &relids
+    };
+    let map = CACHE.classes.borrow();
+    let mut result = Modified::default();
+    let mut unclassified = false;
+    for relid in written {
+        match map.get(&u32::from(*relid)) {
+            Some(Class::Durable) => result.durable = true,
+            Some(Class::Delayed) => result.only_delayed = true,
+            None => unclassified = true,
+        }
+    }
+    drop(map);
+    if result.durable {
+        result.only_delayed = false;
+    } else if result.only_delayed && unclassified {
+        // Temporary and unlogged tables do not make the commit durable.
+        result.only_delayed = written.iter().all(|relid| {
+            CACHE.classes.borrow().contains_key(&u32::from(*relid)) || {
+                // SAFETY: a syscache lookup; guarded.
+                let persistence = unsafe { pg_sys::ffi::pg_guard_ffi_boundary(|| dd_relation_persistence(*relid)) };
+                persistence as u8 == pg_sys::RELPERSISTENCE_TEMP || persistence as u8 == pg_sys::RELPERSISTENCE_UNLOGGED
+            }
+        });
+    }
+    result
+}
+
+/// Sets the durability class of a table (`durable`, `delayed`, or NULL to
+/// clear it). Only the table's owner, a member of the owning role or a
+/// superuser may.
+#[pg_extern(
+    volatile,
+    parallel_unsafe,
+    sql = r#"
+CREATE FUNCTION delayed_durability_set_table_class(tbl regclass, class text) RETURNS void
+VOLATILE PARALLEL UNSAFE LANGUAGE c
+AS 'MODULE_PATHNAME', '@FUNCTION_NAME@';
+"#
+)]
+fn delayed_durability_set_table_class(tbl: Option<pg_sys::Oid>, class: Option<&str>) {
+    let Some(relid) = tbl else {
+        ereport!(
+            PgLogLevel::ERROR,
+            PgSqlErrorCode::ERRCODE_NULL_VALUE_NOT_ALLOWED,
+            "the table must not be NULL"
+        );
+        unreachable!()
+    };
+    let class: Option<&std::ffi::CStr> = match class {
+        None => None,
+        Some(name) if name.eq_ignore_ascii_case("durable") => Some(c"durable"),
+        Some(name) if name.eq_ignore_ascii_case("delayed") => Some(c"delayed"),
+        Some(name) => {
+            pg_sys::panic::ErrorReport::new(
+                PgSqlErrorCode::ERRCODE_INVALID_PARAMETER_VALUE,
+                format!("invalid durability class \"{name}\""),
+                function_name!(),
+            )
+            .set_hint("The class is 'durable', 'delayed', or NULL to clear it.")
+            .report(PgLogLevel::ERROR);
+            unreachable!()
+        }
+    };
+    // SAFETY: catalog read; guarded.
+    let config = unsafe { pg_sys::ffi::pg_guard_ffi_boundary(|| dd_table_class_config_relid()) };
+    if config == pg_sys::InvalidOid {
+        pg_sys::panic::ErrorReport::new(
+            PgSqlErrorCode::ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
+            "the installed version of delayed_durability has no table classes",
+            function_name!(),
+        )
+        .set_hint("Run ALTER EXTENSION delayed_durability UPDATE.")
+        .report(PgLogLevel::ERROR);
+    }
+    let class_ptr = class.map_or(std::ptr::null(), |c| c.as_ptr());
+    // SAFETY: checks and SPI in C; errors are raised through the guard.
+    unsafe { pg_sys::ffi::pg_guard_ffi_boundary(|| dd_table_class_set(config, relid, class_ptr)) };
+}
+
+/// Called by the configuration table's statement trigger: every backend of
+/// this database reads the classes again once this transaction commits
+/// (this one at its next command).
+#[pg_extern(volatile, parallel_unsafe)]
+fn delayed_durability_table_classes_changed() {
+    // SAFETY: queues a transactional invalidation of pg_extension's relcache
+    // entry, the marker relation_changed() listens for.
+    unsafe { pg_sys::CacheInvalidateRelcacheByRelid(pg_sys::ExtensionRelationId) };
+}
+
+// The configuration table (kept by pg_dump), the view, the triggers that
+// send the invalidation and forget dropped tables.
+pgrx::extension_sql!(
+    r#"
+CREATE TABLE delayed_durability_table_class_config (
+    relid regclass PRIMARY KEY,
+    class text NOT NULL CHECK (class IN ('durable', 'delayed'))
+);
+SELECT pg_catalog.pg_extension_config_dump('delayed_durability_table_class_config', '');
+REVOKE ALL ON delayed_durability_table_class_config FROM PUBLIC;
+REVOKE ALL ON FUNCTION delayed_durability_table_classes_changed() FROM PUBLIC;
+
+CREATE FUNCTION delayed_durability_table_class_config_changed() RETURNS trigger
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+    PERFORM @extschema@.delayed_durability_table_classes_changed();
+    RETURN NULL;
+END $$;
+REVOKE ALL ON FUNCTION delayed_durability_table_class_config_changed() FROM PUBLIC;
+CREATE TRIGGER delayed_durability_table_class_config_changed
+    AFTER INSERT OR UPDATE OR DELETE OR TRUNCATE ON delayed_durability_table_class_config
+    FOR EACH STATEMENT EXECUTE FUNCTION delayed_durability_table_class_config_changed();
+
+CREATE FUNCTION delayed_durability_forget_dropped_tables() RETURNS event_trigger
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+    DELETE FROM @extschema@.delayed_durability_table_class_config
+     WHERE relid::oid IN (SELECT objid FROM pg_event_trigger_dropped_objects()
+                           WHERE classid = 'pg_class'::regclass AND objsubid = 0);
+END $$;
+REVOKE ALL ON FUNCTION delayed_durability_forget_dropped_tables() FROM PUBLIC;
+CREATE EVENT TRIGGER delayed_durability_forget_dropped_tables ON sql_drop
+    EXECUTE FUNCTION delayed_durability_forget_dropped_tables();
+
+CREATE VIEW delayed_durability_table_classes AS
+    SELECT n.nspname AS schema, c.relname AS "table", t.class
+      FROM delayed_durability_table_class_config AS t
+      JOIN pg_catalog.pg_class AS c ON c.oid = t.relid
+      JOIN pg_catalog.pg_namespace AS n ON n.oid = c.relnamespace;
+GRANT SELECT ON delayed_durability_table_classes TO PUBLIC;
+"#,
+    name = "table_classes",
+    requires = [delayed_durability_table_classes_changed],
+);
