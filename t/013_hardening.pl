@@ -80,23 +80,27 @@ unlike($log, qr/terminated by signal|server process .* was terminated|PANIC/, 'n
 # Update path: a database created at each released version updates to the
 # current one and gets what came since (0.2.0: WAL buffer status columns;
 # 0.3.0: cached_currval/cached_lastval; 0.4.0: loss budget counter and
-# window, receipts, crash report).
+# window, receipts, crash report; 0.5.0: table classes).
 my $current = $node->safe_psql('postgres',
 	q{SELECT default_version FROM pg_available_extensions WHERE name = 'delayed_durability'});
-is($current, '0.4.0', 'current version');
+is($current, '0.5.0', 'current version');
 my $status_columns = q{SELECT count(*) FROM pg_proc, unnest(proargnames) AS a
   WHERE proname = 'delayed_durability_status' AND a LIKE 'wal_buffer%'};
 my $currval_functions = q{SELECT count(*) FROM pg_proc WHERE proname IN ('cached_currval', 'cached_lastval')};
+my $class_objects = q{SELECT (SELECT count(*) FROM pg_proc WHERE proname = 'delayed_durability_set_table_class')
+  || '|' || (SELECT count(*) FROM pg_class WHERE relname IN ('delayed_durability_table_classes', 'delayed_durability_table_class_config'))
+  || '|' || (SELECT count(*) FROM pg_event_trigger WHERE evtname = 'delayed_durability_forget_dropped_tables')};
 my $loss_objects = q{SELECT (SELECT count(*) FROM pg_proc WHERE proname IN ('last_commit_lsn', 'is_durable', 'wait_durable', 'delayed_durability_lost_commits_reset'))
   || '|' || (SELECT count(*) FROM pg_class WHERE relname IN ('delayed_durability_crashes', 'delayed_durability_lost_commits'))};
-for my $version ('0.1.0', '0.2.0', '0.3.0')
+for my $version ('0.1.0', '0.2.0', '0.3.0', '0.4.0')
 {
 	my $db = 'old_' . ($version =~ s/\./_/gr);
 	$node->safe_psql('postgres', "CREATE DATABASE $db TEMPLATE template0");
 	$node->safe_psql($db, "CREATE EXTENSION delayed_durability VERSION '$version'");
 	is($node->safe_psql($db, $status_columns), $version eq '0.1.0' ? '0' : '5', "$version: WAL buffer columns");
-	is($node->safe_psql($db, $currval_functions), $version eq '0.3.0' ? '2' : '0', "$version: cached_currval/cached_lastval");
-	is($node->safe_psql($db, $loss_objects), '0|0', "$version: no receipts or crash report");
+	is($node->safe_psql($db, $currval_functions), $version ge '0.3.0' ? '2' : '0', "$version: cached_currval/cached_lastval");
+	is($node->safe_psql($db, $loss_objects), $version eq '0.4.0' ? '4|2' : '0|0', "$version: receipts and crash report only from 0.4.0");
+	is($node->safe_psql($db, $class_objects), '0|0|0', "$version: no table classes");
 	$node->safe_psql($db, 'ALTER EXTENSION delayed_durability UPDATE');
 	is($node->safe_psql($db, q{SELECT extversion FROM pg_extension WHERE extname = 'delayed_durability'}),
 		$current, "ALTER EXTENSION UPDATE from $version reaches $current");
@@ -106,6 +110,17 @@ for my $version ('0.1.0', '0.2.0', '0.3.0')
 	is($node->safe_psql($db, q{CREATE SEQUENCE upd; SELECT cached_nextval('upd'), cached_currval('upd'), cached_lastval()}),
 		'1|1|1', "updated from $version: cached_currval and cached_lastval work");
 	is($node->safe_psql($db, $loss_objects), '4|2', "updated from $version: receipts and crash report");
+	is($node->safe_psql($db, $class_objects), '1|2|1', "updated from $version: table classes");
+	# A class set after the update applies at once, the counters have their
+	# columns, and DROP TABLE forgets the class.
+	is($node->safe_psql($db, q{CREATE TABLE upd_c (i int);
+SELECT delayed_durability_set_table_class('upd_c', 'durable');
+SET delayed_durability.mode = 'forced';
+SELECT commits_durable_by_table FROM delayed_durability_stats WHERE datname = current_database() \gset before_
+INSERT INTO upd_c VALUES (1);
+SELECT commits_durable_by_table - :before_commits_durable_by_table FROM delayed_durability_stats WHERE datname = current_database();
+DROP TABLE upd_c;
+SELECT count(*) FROM delayed_durability_table_classes;}), "\n1\n0", "updated from $version: classes work");
 	is($node->safe_psql($db, q{CREATE TABLE upd_t (i int); INSERT INTO upd_t VALUES (1);
 SELECT is_durable(last_commit_lsn()) IS NOT NULL, (SELECT commits_budget_flushed >= 0 FROM delayed_durability_stats WHERE datname = current_database()),
        (SELECT count(*) FROM delayed_durability_crashes) >= 0, (SELECT oldest_unflushed_commit_age IS NULL OR true FROM delayed_durability_status())}),

@@ -1,0 +1,154 @@
+# Durability per table across crashes, sessions, pg_dump and logical
+# replication: in a forced database no commit to a durable table is lost by
+# kill -9 or by the simulated power cut; in an allowed database commits to a
+# delayed table behave like commit_delayed() ones; a class set in one
+# session applies to the next commit of another; pg_dump/pg_restore keep
+# classes; a logical replication apply worker's commits follow them.
+use strict;
+use warnings;
+use PostgreSQL::Test::Cluster;
+use PostgreSQL::Test::Utils;
+use Test::More;
+use DelayedDurabilityTest;
+
+my $node = new_dd_node('classes', init => { allows_streaming => 'logical' });
+$node->safe_psql('postgres', q{
+CREATE DATABASE shop;
+ALTER DATABASE shop SET delayed_durability.mode = 'forced';
+CREATE DATABASE web;
+ALTER DATABASE web SET delayed_durability.mode = 'allowed';
+});
+for my $db ('shop', 'web')
+{
+	$node->safe_psql($db, q{
+CREATE TABLE payments (id int PRIMARY KEY, amount numeric);
+CREATE TABLE clicks (id int, url text);
+SELECT delayed_durability_set_table_class('payments', 'durable');
+SELECT delayed_durability_set_table_class('clicks', 'delayed');
+});
+}
+
+sub count_in
+{
+	my ($db, $sql) = @_;
+	return $node->safe_psql($db, $sql);
+}
+
+sub counter
+{
+	my ($db, $name) = @_;
+	return $node->safe_psql($db, "SELECT $name FROM delayed_durability_stats WHERE datname = current_database()");
+}
+
+# Forced database: payments commits are flushed before COMMIT returns, clicks
+# commits are not.
+my @statements = map { $_ % 2
+	  ? "INSERT INTO payments VALUES ($_, 10);"
+	  : "INSERT INTO clicks VALUES ($_, '/p');" } 1 .. 40;
+my $by_table_before = counter('shop', 'commits_durable_by_table');
+my @flushed = commits_with_check($node, 'shop', '', \@statements);
+is(count_true(@flushed[ grep { $_ % 2 == 0 } 0 .. 39 ]), 20, 'forced: every payments commit is flushed');
+is(count_true(@flushed[ grep { $_ % 2 == 1 } 0 .. 39 ]), 0, 'forced: no clicks commit is');
+is(counter('shop', 'commits_durable_by_table') - $by_table_before, 20, 'forced: 20 commits durable by table');
+
+# kill -9 right after a run that ends with delayed clicks commits: every
+# payments row survives, the clicks after the last payment do not.
+settle_wal_writer($node);
+$node->safe_psql('shop', join("\n",
+	(map { "INSERT INTO payments VALUES ($_, 20); INSERT INTO clicks VALUES ($_, '/x');" } 101 .. 130),
+	(map { "INSERT INTO clicks VALUES ($_, '/after');" } 131 .. 160)));
+my $payment_end = $node->safe_psql('shop', 'SELECT pg_current_wal_flush_lsn()');
+my $insert_end = $node->safe_psql('shop', 'SELECT pg_current_wal_insert_lsn()');
+ok($node->safe_psql('shop', "SELECT '$payment_end'::pg_lsn < '$insert_end'::pg_lsn") eq 't',
+	'the clicks commits after the last payment are unflushed before the crash');
+power_cut($node);
+is(count_in('shop', 'SELECT count(*) FROM payments WHERE id BETWEEN 101 AND 130'), 30,
+	'power cut: every payments commit survives');
+is(count_in('shop', 'SELECT count(*) FROM clicks WHERE id BETWEEN 131 AND 160'), 0,
+	'power cut: the delayed clicks commits after the last payment are lost');
+
+# Plain kill -9 (the OS keeps what was written): payments commits survive.
+settle_wal_writer($node);
+$node->safe_psql('shop', join("\n", map { "INSERT INTO payments VALUES ($_, 30);" } 201 .. 230));
+kill_everything($node);
+$node->start;
+is(count_in('shop', 'SELECT count(*) FROM payments WHERE id BETWEEN 201 AND 230'), 30,
+	'kill -9: every payments commit survives');
+
+# Allowed database: clicks commits are delayed without commit_delayed(),
+# counted as delayed by table, and a power cut loses them like delayed commits.
+my $delayed_before = counter('web', 'commits_delayed_by_table');
+@flushed = commits_with_check($node, 'web', '', [ map { "INSERT INTO clicks VALUES ($_, '/c');" } 1 .. 20 ]);
+is(count_true(@flushed), 0, 'allowed: no clicks commit is flushed');
+is(counter('web', 'commits_delayed_by_table') - $delayed_before, 20, 'allowed: 20 commits delayed by table');
+@flushed = commits_with_check($node, 'web', '', [ map { "INSERT INTO payments VALUES ($_, 1);" } 1 .. 5 ]);
+is(count_true(@flushed), 5, 'allowed: payments commits are flushed');
+settle_wal_writer($node);
+$node->safe_psql('web', join("\n",
+	"INSERT INTO payments VALUES (100, 1);",
+	(map { "BEGIN; SELECT commit_delayed(); INSERT INTO payments VALUES ($_, 2); COMMIT;" } 101 .. 102),
+	(map { "INSERT INTO clicks VALUES ($_, '/lost');" } 101 .. 120)));
+power_cut($node);
+is(count_in('web', 'SELECT count(*) FROM payments WHERE id = 100'), 1, 'allowed: the durable payment survives');
+is(count_in('web', 'SELECT count(*) FROM clicks WHERE id BETWEEN 101 AND 120'), 0,
+	'allowed: the clicks commits after it are lost, as delayed commits are');
+is(count_in('web', 'SELECT count(*) FROM payments WHERE id BETWEEN 101 AND 102'), 2,
+	'allowed: commit_delayed() does not delay a commit to a durable table (they survive the cut after them)');
+
+# Another session's class applies to this session's next commit: the class
+# map is invalidated when the configuration table changes.
+settle_wal_writer($node);
+my $bg = $node->background_psql('web', on_error_stop => 1);
+$bg->query_safe("CREATE TABLE IF NOT EXISTS orders (id int); INSERT INTO orders VALUES (0)");
+$bg->query_safe("SET delayed_durability.mode = 'forced'; INSERT INTO orders VALUES (1)");
+is($bg->query_safe('SELECT flushed()'), 'f', 'another session: unclassified, forced: delayed');
+$node->safe_psql('web', "SELECT delayed_durability_set_table_class('orders', 'durable')");
+$bg->query_safe('INSERT INTO orders VALUES (2)');
+is($bg->query_safe('SELECT flushed()'), 't', 'another session: the class set meanwhile makes the next commit durable');
+$node->safe_psql('web', "SELECT delayed_durability_set_table_class('orders', NULL)");
+$bg->query_safe('INSERT INTO orders VALUES (3)');
+is($bg->query_safe('SELECT flushed()'), 'f', 'another session: cleared meanwhile, delayed again');
+$bg->quit;
+
+# pg_dump/pg_restore keep the classes, and the restored database uses them.
+my $dump = $node->basedir . '/web.dump';
+$node->command_ok([ 'pg_dump', '-Fc', '-f', $dump, '-d', $node->connstr('web') ], 'pg_dump');
+$node->safe_psql('postgres', 'CREATE DATABASE web_restored TEMPLATE template0');
+$node->command_ok([ 'pg_restore', '-d', $node->connstr('web_restored'), $dump ], 'pg_restore');
+is($node->safe_psql('web_restored', 'SELECT "table", class FROM delayed_durability_table_classes ORDER BY 1'),
+	"clicks|delayed\npayments|durable", 'the restored database has the classes');
+# (the first SELECT warms the new database's catalog caches: setting hint
+# bits writes WAL with wal_log_hints, which would land after the commit)
+like($node->safe_psql('web_restored', q{SELECT flushed() IS NOT NULL FROM delayed_durability_stats LIMIT 1;
+SET delayed_durability.mode = 'forced';
+SELECT commits_durable_by_table AS before FROM delayed_durability_stats WHERE datname = current_database() \gset
+INSERT INTO payments VALUES (1000, 1);
+SELECT flushed(), commits_durable_by_table - :before FROM delayed_durability_stats WHERE datname = current_database()}),
+	qr/^t\nt\|1$/, 'and uses them');
+
+# Logical replication: the apply worker's commits follow the subscriber's
+# classes. A subscription commits with synchronous_commit = off by default,
+# so under allowed its commits are delayed, except those to a durable table.
+my $sub = new_dd_node('subscriber', conf => "delayed_durability.mode = 'allowed'\n");
+$sub->safe_psql('postgres', q{
+CREATE TABLE payments (id int PRIMARY KEY, amount numeric);
+CREATE TABLE clicks (id int, url text);
+SELECT delayed_durability_set_table_class('payments', 'durable');
+});
+$node->safe_psql('web', 'CREATE PUBLICATION pub FOR TABLE payments, clicks');
+$sub->safe_psql('postgres',
+	"CREATE SUBSCRIPTION sub CONNECTION '" . $node->connstr . " dbname=web' PUBLICATION pub WITH (copy_data = false)");
+$node->wait_for_catchup('sub');
+my $sub_counter = sub {
+	$sub->safe_psql('postgres', "SELECT commits_durable_by_table FROM delayed_durability_stats WHERE datname = 'postgres'");
+};
+my $sub_before = $sub_counter->();
+$node->safe_psql('web', join("\n", map { "INSERT INTO payments VALUES ($_, 5);" } 2001 .. 2010));
+$node->safe_psql('web', join("\n", map { "INSERT INTO clicks VALUES ($_, '/r');" } 2001 .. 2010));
+$node->wait_for_catchup('sub');
+is($sub->safe_psql('postgres', 'SELECT count(*) FROM payments WHERE id > 2000'), '10', 'replicated');
+is($sub_counter->() - $sub_before, 10, 'subscriber: the 10 applied payments commits were made durable by the table');
+
+$sub->stop;
+$node->stop;
+done_testing();
