@@ -1,6 +1,7 @@
 # Crash torture: concurrent clients commit durable, delayed (allowed +
 # commit_delayed(), forced), two-phase and flush_log() work, plus
-# cached_nextval(); at a random moment every server process is killed, and
+# cached_nextval() and, in the forced database, commits made durable by a
+# table of class durable; at a random moment every server process is killed, and
 # half of the time a power cut is simulated by zeroing every WAL byte after
 # the last position known to be flushed. After restart the acknowledged work
 # is checked against what the policy promises, db_forced's loss budget
@@ -51,21 +52,24 @@ for my $db ('postgres', 'db_allowed', 'db_forced')
 CREATE TABLE IF NOT EXISTS rows_ (client int, txn int, i int, v int);
 CREATE TABLE IF NOT EXISTS checks (client int, txn int, n int, total bigint, PRIMARY KEY (client, txn));
 CREATE SEQUENCE IF NOT EXISTS torture_seq CACHE 20;
+CREATE TABLE IF NOT EXISTS payments_ (client int, txn int);
 SELECT flush_log();
 });
 }
+$node->safe_psql('db_forced', "SELECT delayed_durability_set_table_class('payments_', 'durable')");
 
 # One multi-row transaction with its checksum row.
 sub txn_sql
 {
-	my ($client, $txn, $opt_in) = @_;
+	my ($client, $txn, $opt_in, $extra) = @_;
 	my $n = 1 + int(rand(4));
 	my @v = map { int(rand(1000)) } 1 .. $n;
 	my $total = 0;
 	$total += $_ for @v;
 	my $rows = join(', ', map { "($client, $txn, $_, $v[$_ - 1])" } 1 .. $n);
 	return "BEGIN;\n" . ($opt_in ? "SELECT 'req ' || commit_delayed();\n" : '')
-	  . "INSERT INTO rows_ VALUES $rows;\nINSERT INTO checks VALUES ($client, $txn, $n, $total);\nCOMMIT;\n";
+	  . "INSERT INTO rows_ VALUES $rows;\nINSERT INTO checks VALUES ($client, $txn, $n, $total);\n"
+	  . ($extra // '') . "COMMIT;\n";
 }
 
 # A value handed out implies its block's recovery value was flushed; the
@@ -125,6 +129,13 @@ sub client_script
 			elsif ($dice < 0.15)
 			{
 				$s .= $seq_sql;
+			}
+			elsif ($dice < 0.25)
+			{
+				# A write to the durable-class table makes the whole commit
+				# durable, in this forced database.
+				$s .= txn_sql($client, $txn, 0, "INSERT INTO payments_ VALUES ($client, $txn);\n")
+				  . "SELECT 'ack durable $txn ' || pg_current_wal_flush_lsn();\n";
 			}
 			else
 			{
@@ -212,6 +223,7 @@ for my $cycle (1 .. $cycles)
 		for (split /\n/, $out{$client})
 		{
 			$acks_of_kind{$1}++ if /^(?:ack )?(durable|prepared|delayed|flush|seq) /;
+			$acks_of_kind{'durable by table'}++ if $db eq 'db_forced' && /^ack durable /;
 			if (/^ack (durable|prepared) (\d+) (\S+)$/)
 			{
 				my $lsn = lsn_to_int($3);
@@ -375,7 +387,7 @@ is($bound_violations, 0, 'no atomicity, checksum, amcheck or flush-bound violati
 is($seq_dups, 0, 'cached_nextval never handed out a value twice (' . scalar(keys %seq_seen) . ' values)');
 is($report_mismatches, 0, "the crash report matched the clients' receipts in every cycle ($reported_total lost commits reported)");
 is($budget_violations, 0, "lost db_forced commits within max_loss_bytes of the recovered WAL ($budget_checked checked)");
-for my $kind ('durable', 'delayed', 'prepared', 'flush', 'seq')
+for my $kind ('durable', 'delayed', 'prepared', 'flush', 'seq', 'durable by table')
 {
 	cmp_ok($acks_of_kind{$kind} // 0, '>=', $cycles, "$kind acknowledgements parsed (at least one per cycle on average)");
 }
