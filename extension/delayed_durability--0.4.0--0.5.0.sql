@@ -61,7 +61,10 @@ CREATE TABLE delayed_durability_table_class_config (
     relid regclass PRIMARY KEY,
     class text NOT NULL CHECK (class IN ('durable', 'delayed'))
 );
-SELECT pg_catalog.pg_extension_config_dump('delayed_durability_table_class_config', '');
+-- Rows naming a dropped table (a DROP the event trigger did not see) are
+-- not dumped: restored, their OID could name another table.
+SELECT pg_catalog.pg_extension_config_dump('delayed_durability_table_class_config',
+    'WHERE relid::oid IN (SELECT oid FROM pg_catalog.pg_class)');
 REVOKE ALL ON delayed_durability_table_class_config FROM PUBLIC;
 REVOKE ALL ON FUNCTION delayed_durability_table_classes_changed() FROM PUBLIC;
 
@@ -75,17 +78,28 @@ REVOKE ALL ON FUNCTION delayed_durability_table_class_config_changed() FROM PUBL
 CREATE TRIGGER delayed_durability_table_class_config_changed
     AFTER INSERT OR UPDATE OR DELETE OR TRUNCATE ON delayed_durability_table_class_config
     FOR EACH STATEMENT EXECUTE FUNCTION delayed_durability_table_class_config_changed();
+-- Also when rows arrive by logical replication or with
+-- session_replication_role = replica.
+ALTER TABLE delayed_durability_table_class_config
+    ENABLE ALWAYS TRIGGER delayed_durability_table_class_config_changed;
 
 CREATE FUNCTION delayed_durability_forget_dropped_tables() RETURNS event_trigger
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 BEGIN
-    DELETE FROM @extschema@.delayed_durability_table_class_config
-     WHERE relid::oid IN (SELECT objid FROM pg_event_trigger_dropped_objects()
-                           WHERE classid = 'pg_class'::regclass AND objsubid = 0);
+    -- Only when a classified table was dropped: every DELETE statement
+    -- makes every session read the classes again.
+    IF EXISTS (SELECT FROM @extschema@.delayed_durability_table_class_config
+                WHERE relid::oid IN (SELECT objid FROM pg_event_trigger_dropped_objects()
+                                      WHERE classid = 'pg_class'::regclass AND objsubid = 0)) THEN
+        DELETE FROM @extschema@.delayed_durability_table_class_config
+         WHERE relid::oid IN (SELECT objid FROM pg_event_trigger_dropped_objects()
+                               WHERE classid = 'pg_class'::regclass AND objsubid = 0);
+    END IF;
 END $$;
 REVOKE ALL ON FUNCTION delayed_durability_forget_dropped_tables() FROM PUBLIC;
 CREATE EVENT TRIGGER delayed_durability_forget_dropped_tables ON sql_drop
     EXECUTE FUNCTION delayed_durability_forget_dropped_tables();
+ALTER EVENT TRIGGER delayed_durability_forget_dropped_tables ENABLE ALWAYS;
 
 CREATE VIEW delayed_durability_table_classes AS
     SELECT n.nspname AS schema, c.relname AS "table", t.class

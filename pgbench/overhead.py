@@ -15,11 +15,13 @@ VM). Goal: every extension/native ratio at most 1.02.
 
 Workloads: a procedure loop of individually committed single-row inserts
 (server side, no client round trips), and pgbench single-row inserts with 1
-and 4 clients. cached_nextval() against nextval() at CACHE 10000: calls in
+and 4 clients. The class lookup at commit: FORCED with 10 and 1,000
+classified tables against none (the loop and pgbench with 1 client).
+cached_nextval() against nextval() at CACHE 10000: calls in
 one statement, and one call per transaction with pgbench at 1 and 4 clients.
 
     python3 pgbench/overhead.py [--rounds 12] [--out pgbench/results/overhead]
-                                [--only forced,sequences,...]
+                                [--only forced,table_classes,sequences,...]
 """
 import argparse
 import json
@@ -210,6 +212,74 @@ def sequences(clusters, args, log):
     return rows, scaling
 
 
+CLASS_TABLES_SQL = """
+DO $$ BEGIN
+  FOR g IN 1..999 LOOP EXECUTE format('CREATE TABLE IF NOT EXISTS cls_%s (i int)', g); END LOOP;
+END $$;
+"""
+
+
+def set_table_classes(cl, count):
+    """`count` classified tables: t1 (class delayed, so that forced commits
+    to it stay delayed) and count - 1 others, alternately durable and delayed."""
+    sql = "DELETE FROM delayed_durability_table_class_config;\n"
+    if count:
+        sql += ("SELECT delayed_durability_set_table_class('t1', 'delayed');\n"
+                "SELECT count(delayed_durability_set_table_class(format('cls_%s', g)::regclass, "
+                "CASE WHEN g % 2 = 0 THEN 'durable' ELSE 'delayed' END)) "
+                f"FROM generate_series(1, {count - 1}) AS g;\n")
+    cl.psql(sql)
+
+
+def table_classes(clusters, args, log):
+    """The class lookup at commit (FORCED): 10 and 1,000 classified tables
+    against none, on the same cluster and library; the procedure loop (wall
+    clock and backend CPU) and pgbench with 1 client, and the instructions
+    per commit."""
+    c = ensure_library(clusters, "ext")
+    c.psql(CLASS_TABLES_SQL)
+    settings = {"delayed_durability.mode": "forced", "synchronous_commit": "on"}
+    n = args.loop_commits
+
+    def side(count):
+        set_table_classes(c, count)
+        return {"loop": run_loop(c, settings, "CALL insert_loop({n})", n),
+                1: (run_pgbench(c, settings, "insert_single.sql", 1, args.pgbench_seconds), None)}
+
+    def instr_side(count):
+        set_table_classes(c, count)
+        with instructions.CallgrindServer(c, True, settings) as srv:
+            srv.session("TRUNCATE t1;")
+            return srv.per_unit("CALL insert_loop({n})", *args.instr_loop_commits)
+
+    rows, instr_rows = [], []
+    for count in (10, 1000):
+        title = f"forced, {count:,} classified tables vs none"
+        a, b = run_pairs(args.rounds, lambda: side(count), lambda: side(0), log, f"table classes: {count}")
+        la, lb = [x["loop"] for x in a], [x["loop"] for x in b]
+        wall = ratio_summary([x[0] for x in la], [x[0] for x in lb])
+        cpu = ratio_summary([x[1] for x in la], [x[1] for x in lb])
+        rows.append(row(title, f"procedure loop, {n} commits per run", wall,
+                        statistics.median(x[0] for x in la) * 1e6, statistics.median(x[0] for x in lb) * 1e6,
+                        dict(pairs=cpu["pairs"], median_ratio=round(cpu["median"], 4),
+                             interval_low=None if cpu["low"] is None else round(cpu["low"], 4),
+                             interval_high=None if cpu["high"] is None else round(cpu["high"], 4),
+                             a_ns=round(statistics.median(x[1] for x in la)),
+                             b_ns=round(statistics.median(x[1] for x in lb)),
+                             commits=n * args.rounds)))
+        pa, pb = [x[1][0] for x in a], [x[1][0] for x in b]
+        rows.append(row(title, "pgbench, 1 client(s)", ratio_summary(pa, pb),
+                        statistics.median(pa) * 1e6, statistics.median(pb) * 1e6))
+        if args.instr_rounds:
+            ia, ib = run_pairs(args.instr_rounds, lambda: instr_side(count), lambda: instr_side(0), log,
+                               f"table classes: {count} (instructions)")
+            instr_rows.append(row(title, f"procedure loop, {args.instr_loop_commits[1]} - "
+                                  f"{args.instr_loop_commits[0]} commits", ratio_summary(ia, ib),
+                                  round(statistics.median(ia)), round(statistics.median(ib))))
+    set_table_classes(c, 0)
+    return rows, instr_rows
+
+
 def instruction_side(clusters, side, args, all_processes=False):
     """Instructions per commit of one side: the procedure loop and the
     pgbench script's statements sent by a client (psql), on the cluster
@@ -369,7 +439,7 @@ def main():
     ap.add_argument("--instr-bulk-calls", type=int, nargs=2, default=(20000, 100000), metavar=("SMALL", "LARGE"),
                     help="calls in one statement, likewise")
     ap.add_argument("--only", default="", help="comma-separated keys: "
-                    + ",".join(k for k, *_ in COMPARISONS) + ",sequences")
+                    + ",".join(k for k, *_ in COMPARISONS) + ",table_classes,sequences")
     ap.add_argument("--out", default=os.path.join(HERE, "report", "overhead"))
     args = ap.parse_args()
     if args.rounds < 6:
@@ -406,6 +476,10 @@ def main():
                 rows += compare(clusters, key, title, durable, side_a, side_b, args, log)
                 if args.instr_rounds:
                     instr_rows += compare_instructions(clusters, key, title, side_a, side_b, args, log)
+        if not only or "table_classes" in only:
+            class_rows, class_instr_rows = table_classes(clusters, args, log)
+            rows += class_rows
+            instr_rows += class_instr_rows
         if not only or "sequences" in only:
             seq_rows, scaling = sequences(clusters, args, log)
             rows += seq_rows

@@ -100,22 +100,37 @@ END $$;
 -- Under forced, counted in by_table_durable (the mode would have delayed it).
 CALL tc_run('durable');
 -- delayed: delayed under allowed and forced, durable under disabled (the
--- DBA's word wins, counted as an ignored request). TRUNCATE drops a file:
--- PostgreSQL always flushes that commit.
+-- DBA's word wins, counted as an ignored request). TRUNCATE drops a file
+-- (PostgreSQL always flushes that commit) and writes pg_class, a table
+-- without a class.
 CALL tc_run('delayed');
 -- No class: the mode decides (allowed makes a plain commit durable), except
 -- where the commit modified only dly.
 CALL tc_run(NULL);
 
-SET delayed_durability.mode = 'allowed';
 CREATE TABLE payments (id int, note text);
 SELECT delayed_durability_set_table_class('payments', 'durable');
--- A durable and a delayed table in one transaction: durable.
+-- A durable and a delayed table in one transaction: durable, even forced.
+SET delayed_durability.mode = 'forced';
 BEGIN;
 INSERT INTO dly VALUES (1);
 INSERT INTO payments VALUES (1);
 COMMIT;
 SELECT tc_flushed() AS durable_and_delayed_is_durable;
+-- With track_counts off PostgreSQL counts no write, so what a transaction
+-- modified is unknown: while any table is durable, every commit is, and
+-- none is delayed by its class.
+SELECT * FROM tc_counters() \gset b_
+SET track_counts = off;
+INSERT INTO dly VALUES (1);
+SELECT tc_flushed() AS untracked_forced_is_durable;
+SET delayed_durability.mode = 'allowed';
+INSERT INTO dly VALUES (1);
+SELECT tc_flushed() AS untracked_delayed_class_is_durable;
+RESET track_counts;
+SELECT by_table_durable - :b_by_table_durable AS by_table_durable,
+       by_table_delayed - :b_by_table_delayed AS by_table_delayed FROM tc_counters();
+SET delayed_durability.mode = 'allowed';
 -- The durable class wins over commit_delayed() and synchronous_commit = off.
 BEGIN;
 SELECT commit_delayed();
@@ -195,6 +210,9 @@ ALTER TABLE renamed_me RENAME TO renamed;
 ALTER TABLE moved_me SET SCHEMA archive;
 DROP TABLE dropped_me;
 SELECT * FROM delayed_durability_table_classes ORDER BY schema, "table";
+-- DROP SCHEMA ... CASCADE drops the class of the tables in it.
+DROP SCHEMA archive CASCADE;
+SELECT count(*) AS archive_classes FROM delayed_durability_table_classes WHERE schema = 'archive';
 SELECT count(*) AS rows_left_for_dropped FROM delayed_durability_table_class_config
  WHERE relid::text LIKE '%dropped_me%' OR relid::text ~ '^[0-9]+$';
 SET delayed_durability.mode = 'forced';
@@ -213,6 +231,8 @@ SELECT delayed_durability_set_table_class(NULL, 'durable');
 SELECT delayed_durability_set_table_class('tgt_trigger_view', 'durable');
 SELECT delayed_durability_set_table_class('tmp', 'durable');
 SELECT delayed_durability_set_table_class('no_such_table', 'durable');
+SELECT delayed_durability_set_table_class('pg_class', 'durable');
+SELECT delayed_durability_set_table_class('delayed_durability_table_class_config', 'durable');
 \set VERBOSITY default
 SELECT delayed_durability_set_table_class('payments', 'fast');
 SELECT delayed_durability_set_table_class('tgt_trigger_view', 'durable');

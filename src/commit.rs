@@ -16,7 +16,11 @@
 //! The callbacks below call no PostgreSQL function that raises an error
 //! (reading the xid and pending deletions, the assign hook), so no error
 //! passes through a Rust frame here; those calls skip pgrx's per-call
-//! guard (src/nothrow.rs), as a commit makes several. The utility hook,
+//! guard (src/nothrow.rs), as a commit makes several. The exception is the
+//! table classes' part at pre-commit (src/table_class.rs: invalidations,
+//! reading the classes, the transaction's table statistics), whose calls
+//! are guarded: an error there aborts the commit, as an error in a
+//! deferred trigger would. The utility hook,
 //! below which every utility statement runs, is a C trampoline
 //! (src/c/hooks.c) for that reason.
 
@@ -117,10 +121,13 @@ unsafe extern "C-unwind" fn xact_callback(event: pg_sys::XactEvent::Type, _arg: 
         pg_sys::XactEvent::XACT_EVENT_COMMIT => {
             after_commit();
             crate::stats::flush_pending();
+            table_class::at_transaction_end(true);
         }
         pg_sys::XactEvent::XACT_EVENT_ABORT | pg_sys::XactEvent::XACT_EVENT_PREPARE => {
             STATE.reset();
             crate::stats::flush_pending();
+            // A prepared transaction may still roll back: read the classes again.
+            table_class::at_transaction_end(false);
         }
         _ => {}
     }

@@ -5,8 +5,8 @@
 //! from relation to class, built on the first commit that needs it and
 //! again after an invalidation (a relcache invalidation of pg_extension,
 //! sent when the configuration table changes; of the configuration table,
-//! when it is dropped; of a classified table, when it gains partitions or a
-//! TOAST table; or of everything). What the transaction modified comes from
+//! when it is dropped; of a classified partitioned table, when it gains or
+//! loses a partition; or of everything). What the transaction modified comes from
 //! PostgreSQL's per-transaction table statistics (src/c/table_class.c), so a
 //! commit costs a walk of the tables it wrote and a lookup for each.
 
@@ -20,6 +20,14 @@ use std::hash::{BuildHasherDefault, Hasher};
 enum Class {
     Durable,
     Delayed,
+}
+
+#[derive(Clone, Copy)]
+struct Entry {
+    class: Class,
+    /// A partitioned table: its invalidation (a partition created, attached
+    /// or detached) means reading the classes again.
+    partitioned: bool,
 }
 
 /// Relation OIDs are small integers: one multiply spreads them well.
@@ -38,7 +46,7 @@ impl Hasher for OidHasher {
         self.0 = (n as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15);
     }
 }
-type ClassMap = HashMap<u32, Class, BuildHasherDefault<OidHasher>>;
+type ClassMap = HashMap<u32, Entry, BuildHasherDefault<OidHasher>>;
 
 struct Cache {
     /// The map reflects the configuration table (no invalidation since).
@@ -47,6 +55,11 @@ struct Cache {
     generation: Cell<u64>,
     config_relid: Cell<pg_sys::Oid>,
     classes: RefCell<ClassMap>,
+    /// Some table has class durable.
+    any_durable: Cell<bool>,
+    /// Read in the current transaction (possibly with its own uncommitted
+    /// changes: an abort after pre-commit must not keep them).
+    loaded_in_transaction: Cell<bool>,
 }
 // SAFETY: a PostgreSQL backend runs this code on one thread only.
 unsafe impl Sync for Cache {}
@@ -55,17 +68,20 @@ static CACHE: Cache = Cache {
     generation: Cell::new(0),
     config_relid: Cell::new(pg_sys::InvalidOid),
     classes: RefCell::new(HashMap::with_hasher(BuildHasherDefault::new())),
+    any_durable: Cell::new(false),
+    loaded_in_transaction: Cell::new(false),
 };
 
 // Called through pg_guard_ffi_boundary where they can raise an error.
 unsafe extern "C-unwind" {
     fn dd_xact_modified_relations(out: *mut pg_sys::Oid, max: std::ffi::c_int) -> std::ffi::c_int;
-    fn dd_relation_persistence(relid: pg_sys::Oid) -> std::ffi::c_char;
+    fn dd_relation_ignorable(relid: pg_sys::Oid) -> bool;
     fn dd_table_class_config_relid() -> pg_sys::Oid;
     fn dd_table_class_load(
         config_relid: pg_sys::Oid,
         relids: *mut *mut pg_sys::Oid,
-        classes: *mut *mut std::ffi::c_char,
+        codes: *mut *mut std::ffi::c_char,
+        context: *mut pg_sys::MemoryContext,
     ) -> std::ffi::c_int;
     fn dd_table_class_set(config_relid: pg_sys::Oid, relid: pg_sys::Oid, class: *const std::ffi::c_char);
 }
@@ -81,15 +97,16 @@ unsafe extern "C-unwind" fn relation_changed(_arg: pg_sys::Datum, relid: pg_sys:
     let concerns_map = relid == pg_sys::InvalidOid
         || relid == pg_sys::ExtensionRelationId
         || relid == CACHE.config_relid.get()
-        || CACHE.classes.try_borrow().map_or(true, |map| map.contains_key(&u32::from(relid)));
+        || CACHE.classes.try_borrow().map_or(true, |map| map.get(&u32::from(relid)).is_some_and(|e| e.partitioned));
     if concerns_map {
         CACHE.valid.set(false);
         CACHE.generation.set(CACHE.generation.get() + 1);
     }
 }
 
-/// Rebuilds the map from the configuration table.
-fn load() {
+/// Rebuilds the map from the configuration table. False when it could not
+/// be read now (locked): the commit is then made durable.
+fn load() -> bool {
     let generation = CACHE.generation.get();
     let mut map = ClassMap::default();
     // SAFETY: catalog reads inside the committing transaction; an error
@@ -97,40 +114,70 @@ fn load() {
     let config = unsafe { pg_sys::ffi::pg_guard_ffi_boundary(|| dd_table_class_config_relid()) };
     if config != pg_sys::InvalidOid {
         let mut relids: *mut pg_sys::Oid = std::ptr::null_mut();
-        let mut classes: *mut std::ffi::c_char = std::ptr::null_mut();
-        // SAFETY: as above; the arrays are palloc'd, `n` entries long.
-        let n = unsafe { pg_sys::ffi::pg_guard_ffi_boundary(|| dd_table_class_load(config, &mut relids, &mut classes)) };
+        let mut codes: *mut std::ffi::c_char = std::ptr::null_mut();
+        let mut context: pg_sys::MemoryContext = std::ptr::null_mut();
+        // SAFETY: as above; the arrays, `n` entries long, live in `context`.
+        let n = unsafe {
+            pg_sys::ffi::pg_guard_ffi_boundary(|| dd_table_class_load(config, &mut relids, &mut codes, &mut context))
+        };
+        if n == -2 {
+            return false;
+        }
         if n > 0 {
             // SAFETY: the C function returned n valid entries in each array.
-            let (relids, classes) =
-                unsafe { (std::slice::from_raw_parts(relids, n as usize), std::slice::from_raw_parts(classes, n as usize)) };
+            let (relids, codes) =
+                unsafe { (std::slice::from_raw_parts(relids, n as usize), std::slice::from_raw_parts(codes, n as usize)) };
             // A later pair overrides an earlier one (nearer partition ancestor).
-            for (relid, class) in relids.iter().zip(classes) {
-                let class = if *class as u8 == b'D' { Class::Durable } else { Class::Delayed };
-                map.insert(u32::from(*relid), class);
+            for (relid, code) in relids.iter().zip(codes) {
+                let code = *code as u8;
+                let class = if code.is_ascii_uppercase() { Class::Durable } else { Class::Delayed };
+                map.insert(u32::from(*relid), Entry { class, partitioned: code.eq_ignore_ascii_case(&b'p') });
             }
         }
+        if !context.is_null() {
+            // SAFETY: the context the C function made; nothing points into it any more.
+            unsafe { pg_sys::MemoryContextDelete(context) };
+        }
     }
+    CACHE.any_durable.set(map.values().any(|e| e.class == Class::Durable));
     CACHE.config_relid.set(config);
     *CACHE.classes.borrow_mut() = map;
+    CACHE.loaded_in_transaction.set(true);
     // An invalidation that arrived while reading means another read next time.
     CACHE.valid.set(CACHE.generation.get() == generation);
+    true
+}
+
+/// At the end of every transaction: a map read with this transaction's own
+/// uncommitted changes is not kept when the transaction aborts.
+pub fn at_transaction_end(committed: bool) {
+    if CACHE.loaded_in_transaction.replace(false) && !committed {
+        CACHE.valid.set(false);
+    }
 }
 
 /// What the committing transaction modified, as far as classes go.
 #[derive(Clone, Copy, Default)]
 pub struct Modified {
-    /// It modified a table of class `durable`.
+    /// It modified a table of class `durable`, or it cannot be known whether
+    /// it did (the commit is then durable: the safe side).
     pub durable: bool,
     /// It modified a table of class `delayed` and otherwise only tables of
-    /// class `delayed`, temporary or unlogged ones.
+    /// class `delayed`, temporary, unlogged or TOAST ones.
     pub only_delayed: bool,
 }
 
+const UNKNOWN: Modified = Modified { durable: true, only_delayed: false };
+
 /// At pre-commit of a transaction that has an xid.
 pub fn modified() -> Modified {
-    if !CACHE.valid.get() {
-        load();
+    // A class set by a transaction that committed while this one ran
+    // applies to this commit: take the invalidations it sent (cheap when
+    // there are none).
+    // SAFETY: what a lock acquisition does; guarded (callbacks may raise).
+    unsafe { pg_sys::ffi::pg_guard_ffi_boundary(|| pg_sys::AcceptInvalidationMessages()) };
+    if !CACHE.valid.get() && !load() {
+        return UNKNOWN;
     }
     if CACHE.classes.borrow().is_empty() {
         return Modified::default();
@@ -142,9 +189,12 @@ pub fn modified() -> Modified {
     let n = unsafe {
         pg_sys::ffi::pg_guard_ffi_boundary(|| dd_xact_modified_relations(buffer.as_mut_ptr(), buffer.len() as i32))
     };
-    let written: &[pg_sys::Oid] = if n < 0 {
-        return Modified::default();
-    } else if n as usize <= buffer.len() {
+    if n < 0 {
+        // Not counted (track_counts = off): durable if any table could be
+        // durable, and never delayed by the class.
+        return Modified { durable: CACHE.any_durable.get(), only_delayed: false };
+    }
+    let written: &[pg_sys::Oid] = if n as usize <= buffer.len() {
         &buffer[..n as usize]
     } else {
         relids.resize(n as usize, pg_sys::InvalidOid);
@@ -152,28 +202,25 @@ pub fn modified() -> Modified {
         unsafe { pg_sys::ffi::pg_guard_ffi_boundary(|| dd_xact_modified_relations(relids.as_mut_ptr(), n)) };
         &relids
     };
-    let map = CACHE.classes.borrow();
     let mut result = Modified::default();
-    let mut unclassified = false;
-    for relid in written {
-        match map.get(&u32::from(*relid)) {
-            Some(Class::Durable) => result.durable = true,
-            Some(Class::Delayed) => result.only_delayed = true,
-            None => unclassified = true,
+    let mut unclassified = Vec::new();
+    {
+        let map = CACHE.classes.borrow();
+        for relid in written {
+            match map.get(&u32::from(*relid)).map(|e| e.class) {
+                Some(Class::Durable) => result.durable = true,
+                Some(Class::Delayed) => result.only_delayed = true,
+                None => unclassified.push(*relid),
+            }
         }
     }
-    drop(map);
     if result.durable {
         result.only_delayed = false;
-    } else if result.only_delayed && unclassified {
-        // Temporary and unlogged tables do not make the commit durable.
-        result.only_delayed = written.iter().all(|relid| {
-            CACHE.classes.borrow().contains_key(&u32::from(*relid)) || {
-                // SAFETY: a syscache lookup; guarded.
-                let persistence = unsafe { pg_sys::ffi::pg_guard_ffi_boundary(|| dd_relation_persistence(*relid)) };
-                persistence as u8 == pg_sys::RELPERSISTENCE_TEMP || persistence as u8 == pg_sys::RELPERSISTENCE_UNLOGGED
-            }
-        });
+    } else if result.only_delayed {
+        // SAFETY: syscache lookups; guarded.
+        result.only_delayed = unclassified
+            .iter()
+            .all(|relid| unsafe { pg_sys::ffi::pg_guard_ffi_boundary(|| dd_relation_ignorable(*relid)) });
     }
     result
 }
@@ -248,7 +295,10 @@ CREATE TABLE delayed_durability_table_class_config (
     relid regclass PRIMARY KEY,
     class text NOT NULL CHECK (class IN ('durable', 'delayed'))
 );
-SELECT pg_catalog.pg_extension_config_dump('delayed_durability_table_class_config', '');
+-- Rows naming a dropped table (a DROP the event trigger did not see) are
+-- not dumped: restored, their OID could name another table.
+SELECT pg_catalog.pg_extension_config_dump('delayed_durability_table_class_config',
+    'WHERE relid::oid IN (SELECT oid FROM pg_catalog.pg_class)');
 REVOKE ALL ON delayed_durability_table_class_config FROM PUBLIC;
 REVOKE ALL ON FUNCTION delayed_durability_table_classes_changed() FROM PUBLIC;
 
@@ -262,17 +312,28 @@ REVOKE ALL ON FUNCTION delayed_durability_table_class_config_changed() FROM PUBL
 CREATE TRIGGER delayed_durability_table_class_config_changed
     AFTER INSERT OR UPDATE OR DELETE OR TRUNCATE ON delayed_durability_table_class_config
     FOR EACH STATEMENT EXECUTE FUNCTION delayed_durability_table_class_config_changed();
+-- Also when rows arrive by logical replication or with
+-- session_replication_role = replica.
+ALTER TABLE delayed_durability_table_class_config
+    ENABLE ALWAYS TRIGGER delayed_durability_table_class_config_changed;
 
 CREATE FUNCTION delayed_durability_forget_dropped_tables() RETURNS event_trigger
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 BEGIN
-    DELETE FROM @extschema@.delayed_durability_table_class_config
-     WHERE relid::oid IN (SELECT objid FROM pg_event_trigger_dropped_objects()
-                           WHERE classid = 'pg_class'::regclass AND objsubid = 0);
+    -- Only when a classified table was dropped: every DELETE statement
+    -- makes every session read the classes again.
+    IF EXISTS (SELECT FROM @extschema@.delayed_durability_table_class_config
+                WHERE relid::oid IN (SELECT objid FROM pg_event_trigger_dropped_objects()
+                                      WHERE classid = 'pg_class'::regclass AND objsubid = 0)) THEN
+        DELETE FROM @extschema@.delayed_durability_table_class_config
+         WHERE relid::oid IN (SELECT objid FROM pg_event_trigger_dropped_objects()
+                               WHERE classid = 'pg_class'::regclass AND objsubid = 0);
+    END IF;
 END $$;
 REVOKE ALL ON FUNCTION delayed_durability_forget_dropped_tables() FROM PUBLIC;
 CREATE EVENT TRIGGER delayed_durability_forget_dropped_tables ON sql_drop
     EXECUTE FUNCTION delayed_durability_forget_dropped_tables();
+ALTER EVENT TRIGGER delayed_durability_forget_dropped_tables ENABLE ALWAYS;
 
 CREATE VIEW delayed_durability_table_classes AS
     SELECT n.nspname AS schema, c.relname AS "table", t.class

@@ -108,7 +108,25 @@ is($bg->query_safe('SELECT flushed()'), 't', 'another session: the class set mea
 $node->safe_psql('web', "SELECT delayed_durability_set_table_class('orders', NULL)");
 $bg->query_safe('INSERT INTO orders VALUES (3)');
 is($bg->query_safe('SELECT flushed()'), 'f', 'another session: cleared meanwhile, delayed again');
+# A class set while a transaction is open applies to its commit.
+$bg->query_safe('BEGIN; INSERT INTO orders VALUES (4)');
+$node->safe_psql('web', "SELECT delayed_durability_set_table_class('orders', 'durable')");
+$bg->query_safe('COMMIT');
+is($bg->query_safe('SELECT flushed()'), 't', 'another session: a class set during an open transaction applies to its commit');
 $bg->quit;
+
+# DROP EXTENSION with classes set: commits go on, following the mode.
+$node->safe_psql('postgres', 'CREATE DATABASE dropext');
+$node->safe_psql('dropext', q{CREATE TABLE p (i int); SELECT delayed_durability_set_table_class('p', 'durable');});
+my $dropext = $node->safe_psql('dropext', q{SET delayed_durability.mode = 'forced';
+SELECT flushed();
+INSERT INTO p VALUES (1);
+SELECT 'class=' || flushed();
+DROP EXTENSION delayed_durability CASCADE;
+INSERT INTO p VALUES (2);
+SELECT 'dropped=' || flushed();});
+like($dropext, qr/class=true/, 'before DROP EXTENSION: the durable class applies');
+like($dropext, qr/dropped=false/, 'after DROP EXTENSION: no class, the commit follows forced');
 
 # pg_dump/pg_restore keep the classes, and the restored database uses them.
 my $dump = $node->basedir . '/web.dump';
@@ -116,7 +134,7 @@ $node->command_ok([ 'pg_dump', '-Fc', '-f', $dump, '-d', $node->connstr('web') ]
 $node->safe_psql('postgres', 'CREATE DATABASE web_restored TEMPLATE template0');
 $node->command_ok([ 'pg_restore', '-d', $node->connstr('web_restored'), $dump ], 'pg_restore');
 is($node->safe_psql('web_restored', 'SELECT "table", class FROM delayed_durability_table_classes ORDER BY 1'),
-	"clicks|delayed\npayments|durable", 'the restored database has the classes');
+	"clicks|delayed\norders|durable\npayments|durable", 'the restored database has the classes');
 # (the first SELECT warms the new database's catalog caches: setting hint
 # bits writes WAL with wal_log_hints, which would land after the commit)
 like($node->safe_psql('web_restored', q{SELECT flushed() IS NOT NULL FROM delayed_durability_stats LIMIT 1;

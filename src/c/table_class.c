@@ -12,8 +12,7 @@
  *    only the top level is left. The per-commit cost is a walk of the
  *    tables this transaction wrote;
  *  - reading the configuration table into (relation, class) pairs, with
- *    partitions and TOAST tables given the class of the table they belong
- *    to;
+ *    partitions given the class of the partitioned table they belong to;
  *  - setting a class, with the ownership check, as the configuration
  *    table's owner.
  */
@@ -23,6 +22,7 @@
 #include "access/htup_details.h"
 #include "access/table.h"
 #include "access/xact.h"
+#include "catalog/catalog.h"
 #include "catalog/indexing.h"
 #include "catalog/objectaddress.h"
 #include "catalog/partition.h"
@@ -39,6 +39,7 @@
 #include "utils/builtins.h"
 #include "utils/fmgroids.h"
 #include "utils/lsyscache.h"
+#include "utils/memutils.h"
 #include "utils/rel.h"
 #include "utils/snapmgr.h"
 #include "utils/syscache.h"
@@ -59,8 +60,9 @@
 /*
  * The tables the current top-level transaction modified (rows inserted,
  * updated or deleted, or truncated), at pre-commit. Writes up to max of them
- * into out and returns how many there are; -1 where PostgreSQL keeps no
- * per-transaction statistics this code can read (before 15).
+ * into out and returns how many there are; -1 when they are not known:
+ * track_counts is off, or before 15 (no per-transaction statistics this code
+ * can read).
  */
 int
 dd_xact_modified_relations(Oid *out, int max)
@@ -70,6 +72,9 @@ dd_xact_modified_relations(Oid *out, int max)
 	PgStat_TableXactStatus *trans;
 	int			n = 0;
 
+	/* With track_counts off nothing is counted: the caller cannot know. */
+	if (!pgstat_track_counts)
+		return -1;
 	if (GetCurrentTransactionNestLevel() != 1)
 		return 0;
 	/* The top level's list; an empty level is made when there is none. */
@@ -89,16 +94,24 @@ dd_xact_modified_relations(Oid *out, int max)
 #endif
 }
 
-/* The relation's persistence, or '\0' once it is gone (dropped in this transaction). */
-char
-dd_relation_persistence(Oid relid)
+/*
+ * Whether a write to this unclassified relation leaves a commit delayed that
+ * the delayed class would delay: a temporary or unlogged table (a crash
+ * loses it anyway), a TOAST table (written only with its table's row, whose
+ * own class counts), or a relation dropped in this transaction (the commit
+ * drops its file: PostgreSQL flushes it).
+ */
+bool
+dd_relation_ignorable(Oid relid)
 {
 	HeapTuple	tuple = SearchSysCache1(RELOID, ObjectIdGetDatum(relid));
-	char		result;
+	Form_pg_class form;
+	bool		result;
 
 	if (!HeapTupleIsValid(tuple))
-		return '\0';
-	result = ((Form_pg_class) GETSTRUCT(tuple))->relpersistence;
+		return true;
+	form = (Form_pg_class) GETSTRUCT(tuple);
+	result = form->relpersistence != RELPERSISTENCE_PERMANENT || form->relkind == RELKIND_TOASTVALUE;
 	ReleaseSysCache(tuple);
 	return result;
 }
@@ -154,7 +167,7 @@ dd_table_class_config_relid(void)
 typedef struct ClassRow
 {
 	Oid			relid;
-	char		class;			/* 'D' durable, 'd' delayed */
+	bool		durable;
 	int			depth;			/* partition ancestors above it */
 } ClassRow;
 
@@ -167,52 +180,52 @@ by_depth(const void *a, const void *b)
 typedef struct ClassList
 {
 	Oid		   *relids;
-	char	   *classes;
+	char	   *codes;
 	int			count;
 	int			size;
 } ClassList;
 
+/*
+ * Codes: 'D'/'d' a durable/delayed table, 'P'/'p' a durable/delayed
+ * partitioned table (whose invalidation, when it gains a partition, means
+ * reading the classes again).
+ */
 static void
-append_one(ClassList *list, Oid relid, char class)
+append_relation(ClassList *list, Oid relid, bool durable)
 {
+	char		relkind = get_rel_relkind(relid);
+
+	if (relkind == '\0')
+		return;
 	if (list->count == list->size)
 	{
 		list->size *= 2;
 		list->relids = repalloc(list->relids, list->size * sizeof(Oid));
-		list->classes = repalloc(list->classes, list->size);
+		list->codes = repalloc(list->codes, list->size);
 	}
 	list->relids[list->count] = relid;
-	list->classes[list->count] = class;
+	list->codes[list->count] = relkind == RELKIND_PARTITIONED_TABLE ? (durable ? 'P' : 'p') : (durable ? 'D' : 'd');
 	list->count++;
 }
 
-/* The relation and its TOAST table, whose rows are the relation's too. */
-static void
-append_with_toast(ClassList *list, Oid relid, char class)
-{
-	HeapTuple	tuple = SearchSysCache1(RELOID, ObjectIdGetDatum(relid));
-
-	if (!HeapTupleIsValid(tuple))
-		return;
-	append_one(list, relid, class);
-	if (OidIsValid(((Form_pg_class) GETSTRUCT(tuple))->reltoastrelid))
-		append_one(list, ((Form_pg_class) GETSTRUCT(tuple))->reltoastrelid, class);
-	ReleaseSysCache(tuple);
-}
-
 /*
- * Reads the configuration table with a fresh snapshot (a class set by a
- * transaction that committed after ours began applies to our commit) and
- * returns every relation a class applies to, in an order where a later pair
- * overrides an earlier one for the same relation: a partitioned table's
- * class goes to all its partitions, at any depth, unless a partition nearer
- * to them has a class of its own. Returns -1 when the table is gone.
+ * Reads the configuration table and returns every relation a class applies
+ * to, in an order where a later pair overrides an earlier one for the same
+ * relation: a partitioned table's class goes to all its partitions, at any
+ * depth, unless a partition nearer to them has a class of its own. The
+ * arrays and everything else allocated live in *context, which the caller
+ * deletes. Returns -1 when the table is gone, -2 when it is locked (a
+ * TRUNCATE, VACUUM FULL...): the commit does not wait for it.
+ *
+ * SnapshotSelf, not an MVCC snapshot: it sees the classes committed up to
+ * now and this transaction's own, and takes no SERIALIZABLE predicate lock
+ * (a commit never conflicts on the configuration table).
  */
 int
-dd_table_class_load(Oid config_relid, Oid **relids_out, char **classes_out)
+dd_table_class_load(Oid config_relid, Oid **relids_out, char **codes_out, MemoryContext *context)
 {
-	Relation	config = try_table_open(config_relid, AccessShareLock);
-	Snapshot	snapshot;
+	MemoryContext old;
+	Relation	config;
 	SysScanDesc scan;
 	HeapTuple	tuple;
 	ClassRow   *rows;
@@ -220,38 +233,43 @@ dd_table_class_load(Oid config_relid, Oid **relids_out, char **classes_out)
 				rows_size = 16;
 	ClassList	list;
 
+	if (!ConditionalLockRelationOid(config_relid, AccessShareLock))
+		return -2;
+	config = try_table_open(config_relid, NoLock);
 	if (config == NULL)
+	{
+		UnlockRelationOid(config_relid, AccessShareLock);
 		return -1;
+	}
+	*context = AllocSetContextCreate(CurrentMemoryContext, "delayed_durability table classes",
+									 ALLOCSET_SMALL_SIZES);
+	old = MemoryContextSwitchTo(*context);
 	rows = palloc(rows_size * sizeof(ClassRow));
-	snapshot = RegisterSnapshot(GetLatestSnapshot());
-	scan = systable_beginscan(config, InvalidOid, false, snapshot, 0, NULL);
+	scan = systable_beginscan(config, InvalidOid, false, SnapshotSelf, 0, NULL);
 	while (HeapTupleIsValid(tuple = systable_getnext(scan)))
 	{
 		bool		relid_null,
 					class_null;
 		Datum		relid = heap_getattr(tuple, 1, RelationGetDescr(config), &relid_null);
 		Datum		class = heap_getattr(tuple, 2, RelationGetDescr(config), &class_null);
-		char	   *class_name;
 
 		if (relid_null || class_null)
 			continue;
 		/* A row left by a drop the event trigger did not see. */
 		if (!SearchSysCacheExists1(RELOID, relid))
 			continue;
-		class_name = TextDatumGetCString(class);
 		if (nrows == rows_size)
 		{
 			rows_size *= 2;
 			rows = repalloc(rows, rows_size * sizeof(ClassRow));
 		}
 		rows[nrows].relid = DatumGetObjectId(relid);
-		rows[nrows].class = strcmp(class_name, "durable") == 0 ? 'D' : 'd';
+		rows[nrows].durable = strcmp(TextDatumGetCString(class), "durable") == 0;
 		rows[nrows].depth = get_rel_relispartition(rows[nrows].relid)
 			? list_length(get_partition_ancestors(rows[nrows].relid)) : 0;
 		nrows++;
 	}
 	systable_endscan(scan);
-	UnregisterSnapshot(snapshot);
 	table_close(config, AccessShareLock);
 
 	/* Outer tables first, so that a nearer class is appended later. */
@@ -259,10 +277,10 @@ dd_table_class_load(Oid config_relid, Oid **relids_out, char **classes_out)
 	list.size = 16;
 	list.count = 0;
 	list.relids = palloc(list.size * sizeof(Oid));
-	list.classes = palloc(list.size);
+	list.codes = palloc(list.size);
 	for (int i = 0; i < nrows; i++)
 	{
-		append_with_toast(&list, rows[i].relid, rows[i].class);
+		append_relation(&list, rows[i].relid, rows[i].durable);
 		if (get_rel_relkind(rows[i].relid) == RELKIND_PARTITIONED_TABLE)
 		{
 			ListCell   *cell;
@@ -270,13 +288,13 @@ dd_table_class_load(Oid config_relid, Oid **relids_out, char **classes_out)
 			foreach(cell, find_all_inheritors(rows[i].relid, NoLock, NULL))
 			{
 				if (lfirst_oid(cell) != rows[i].relid)
-					append_with_toast(&list, lfirst_oid(cell), rows[i].class);
+					append_relation(&list, lfirst_oid(cell), rows[i].durable);
 			}
 		}
 	}
-	pfree(rows);
+	MemoryContextSwitchTo(old);
 	*relids_out = list.relids;
-	*classes_out = list.classes;
+	*codes_out = list.codes;
 	return list.count;
 }
 
@@ -314,13 +332,20 @@ dd_table_class_set(Oid config_relid, Oid relid, const char *class)
 	char	   *sql;
 	int			ret;
 
-	/* Held to the end of the transaction: no concurrent DROP in between. */
-	LockRelationOid(relid, ShareUpdateExclusiveLock);
 	relname = get_rel_name(relid);
 	if (relname == NULL)
 		ereport(ERROR,
 				(errcode(ERRCODE_UNDEFINED_TABLE),
 				 errmsg("relation with OID %u does not exist", relid)));
+	/* Ownership first: nobody else may queue a lock on the table. */
+	if (!IS_TABLE_OWNER(relid))
+		aclcheck_error(ACLCHECK_NOT_OWNER, get_relkind_objtype(get_rel_relkind(relid)), relname);
+	/* Held to the end of the transaction: no concurrent DROP in between. */
+	LockRelationOid(relid, ShareUpdateExclusiveLock);
+	if (!SearchSysCacheExists1(RELOID, ObjectIdGetDatum(relid)))
+		ereport(ERROR,
+				(errcode(ERRCODE_UNDEFINED_TABLE),
+				 errmsg("relation \"%s\" was dropped meanwhile", relname)));
 	relkind = get_rel_relkind(relid);
 	if (relkind != RELKIND_RELATION && relkind != RELKIND_PARTITIONED_TABLE)
 		ereport(ERROR,
@@ -332,8 +357,11 @@ dd_table_class_set(Oid config_relid, Oid relid, const char *class)
 				(errcode(ERRCODE_FEATURE_NOT_SUPPORTED),
 				 errmsg("cannot set a durability class on temporary table \"%s\"", relname),
 				 errhint("A crash loses temporary tables whatever their commits; commits that modify only temporary tables already count as delayed ones.")));
-	if (!IS_TABLE_OWNER(relid))
-		aclcheck_error(ACLCHECK_NOT_OWNER, get_relkind_objtype(relkind), relname);
+	if (IsCatalogRelationOid(relid) || relid == config_relid)
+		ereport(ERROR,
+				(errcode(ERRCODE_WRONG_OBJECT_TYPE),
+				 errmsg("cannot set a durability class on \"%s\"", relname),
+				 errdetail("It is a system catalog or the table the classes are kept in.")));
 
 	config_owner = relation_owner(config_relid);
 	config_name = quote_qualified_identifier(get_namespace_name(get_rel_namespace(config_relid)),
