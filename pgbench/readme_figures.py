@@ -109,6 +109,36 @@ def sequences(path):
     return out
 
 
+def table_classes(path):
+    """The class lookup at commit: classified tables against none (FORCED)."""
+    data = load(path)
+    rows, instr = data["rows"], data.get("instruction_rows", [])
+    out = ["| comparison | procedure loop: time | procedure loop: backend CPU | procedure loop: instructions "
+           "| pgbench 1 client: time |", "|---|---|---|---|---|"]
+    seen = []
+    for r in rows:
+        if r["comparison"] not in seen:
+            seen.append(r["comparison"])
+    extra = []
+    for comp in seen:
+        loop = next(r for r in rows if r["comparison"] == comp and r["workload"].startswith("procedure loop"))
+        p1 = next(r for r in rows if r["comparison"] == comp and r["workload"].startswith("pgbench, 1 "))
+        ins = next((r for r in instr if r["comparison"] == comp), None)
+        out.append(f"| {comp} | {ratio_cell(loop)} | {ratio_cell(loop['cpu'])} | "
+                   f"{ratio_cell(ins, 4) if ins else '—'} | {ratio_cell(p1)} |")
+        if ins:
+            extra.append(f"{comp}: {ins['a_median'] - ins['b_median']:+,} ({ins['median_ratio'] - 1:+.2%})")
+    out.append("")
+    out.append(f"Medians of per-pair ratios (with classes / without, per commit), 95% interval in brackets "
+               f"(order statistics; exact coverage {data['coverage']:.1%} for {data['rounds']} pairs); "
+               f"{data['rounds']} pairs for time and CPU, {data.get('instr_rounds', 0)} for instructions "
+               f"(server: {data['server_version'].split(' on ')[0]}).")
+    if extra:
+        out += ["", "Instructions per commit in the procedure loop, with classes minus without: "
+                + "; ".join(extra) + "."]
+    return out
+
+
 def pick(rows, **match):
     return compare_versions.row(rows, **match)
 
@@ -216,7 +246,7 @@ def growth(small, big):
 
 
 GENERATORS = dict(overhead=overhead, sequences=sequences, highlights=highlights, wal_buffer=wal_buffer,
-                  versions=versions, loss_budget=loss_budget, growth=growth)
+                  versions=versions, loss_budget=loss_budget, growth=growth, table_classes=table_classes)
 
 
 def render(spec):

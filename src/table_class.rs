@@ -174,8 +174,9 @@ pub fn modified() -> Modified {
     // A class set by a transaction that committed while this one ran
     // applies to this commit: take the invalidations it sent (cheap when
     // there are none).
-    // SAFETY: what a lock acquisition does; guarded (callbacks may raise).
-    unsafe { pg_sys::ffi::pg_guard_ffi_boundary(|| pg_sys::AcceptInvalidationMessages()) };
+    // SAFETY: what a lock acquisition does; pgrx guards pg_sys calls
+    // (an invalidation callback may raise).
+    unsafe { pg_sys::AcceptInvalidationMessages() };
     if !CACHE.valid.get() && !load() {
         return UNKNOWN;
     }

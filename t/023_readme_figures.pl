@@ -13,7 +13,7 @@ my $ok = IPC::Run::run([ '/usr/bin/python3', "$work/pgbench/readme_figures.py", 
 	'>', \$stdout, '2>', \$stderr);
 ok($ok, 'README figures match the committed results') or diag("$stdout\n$stderr");
 my ($blocks) = $stdout =~ /readme_figures: (\d+) blocks/;
-cmp_ok($blocks // 0, '>=', 7, 'every figures table is generated (overhead, sequences, highlights, WAL buffer, versions, loss budget, growth)');
+cmp_ok($blocks // 0, '>=', 8, 'every figures table is generated (overhead, sequences, table classes, highlights, WAL buffer, versions, loss budget, growth)');
 
 # The check itself must be able to fail: a README with one figure changed.
 my $copy = "$work/README.changed.md";
