@@ -75,19 +75,25 @@ BEGIN
     RETURN NULL;
 END $$;
 REVOKE ALL ON FUNCTION delayed_durability_table_class_config_changed() FROM PUBLIC;
-CREATE TRIGGER delayed_durability_table_class_config_changed
-    AFTER INSERT OR UPDATE OR DELETE OR TRUNCATE ON delayed_durability_table_class_config
-    FOR EACH STATEMENT EXECUTE FUNCTION delayed_durability_table_class_config_changed();
--- Also when rows arrive by logical replication or with
+-- Row triggers, as logical replication's apply fires no statement trigger
+-- for INSERT, UPDATE and DELETE; TRUNCATE has only a statement trigger.
+-- Enabled always: also when rows arrive by logical replication or with
 -- session_replication_role = replica.
+CREATE TRIGGER delayed_durability_table_class_config_changed
+    AFTER INSERT OR UPDATE OR DELETE ON delayed_durability_table_class_config
+    FOR EACH ROW EXECUTE FUNCTION delayed_durability_table_class_config_changed();
+CREATE TRIGGER delayed_durability_table_class_config_truncated
+    AFTER TRUNCATE ON delayed_durability_table_class_config
+    FOR EACH STATEMENT EXECUTE FUNCTION delayed_durability_table_class_config_changed();
 ALTER TABLE delayed_durability_table_class_config
-    ENABLE ALWAYS TRIGGER delayed_durability_table_class_config_changed;
+    ENABLE ALWAYS TRIGGER delayed_durability_table_class_config_changed,
+    ENABLE ALWAYS TRIGGER delayed_durability_table_class_config_truncated;
 
 CREATE FUNCTION delayed_durability_forget_dropped_tables() RETURNS event_trigger
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 BEGIN
-    -- Only when a classified table was dropped: every DELETE statement
-    -- makes every session read the classes again.
+    -- Only when a classified table was dropped: a change of the classes
+    -- makes every session read them again.
     IF EXISTS (SELECT FROM @extschema@.delayed_durability_table_class_config
                 WHERE relid::oid IN (SELECT objid FROM pg_event_trigger_dropped_objects()
                                       WHERE classid = 'pg_class'::regclass AND objsubid = 0)) THEN

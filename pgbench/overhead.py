@@ -143,22 +143,26 @@ def run_side(clusters, side, n, args):
     return out
 
 
+def loop_row(title, n, a, b, args):
+    """The procedure loop's row: wall clock and backend CPU per commit."""
+    la, lb = [x["loop"] for x in a], [x["loop"] for x in b]
+    wall = ratio_summary([x[0] for x in la], [x[0] for x in lb])
+    cpu = ratio_summary([x[1] for x in la], [x[1] for x in lb])
+    return row(title, f"procedure loop, {n} commits per run", wall,
+               statistics.median(x[0] for x in la) * 1e6, statistics.median(x[0] for x in lb) * 1e6,
+               dict(pairs=cpu["pairs"], median_ratio=round(cpu["median"], 4),
+                    interval_low=None if cpu["low"] is None else round(cpu["low"], 4),
+                    interval_high=None if cpu["high"] is None else round(cpu["high"], 4),
+                    a_ns=round(statistics.median(x[1] for x in la)),
+                    b_ns=round(statistics.median(x[1] for x in lb)),
+                    commits=n * args.rounds))
+
+
 def compare(clusters, key, title, durable, side_a, side_b, args, log):
     n = args.durable_loop_commits if durable else args.loop_commits
     a, b = run_pairs(args.rounds, lambda: run_side(clusters, side_a, n, args),
                      lambda: run_side(clusters, side_b, n, args), log, key)
-    rows = []
-    la, lb = [x["loop"] for x in a], [x["loop"] for x in b]
-    wall = ratio_summary([x[0] for x in la], [x[0] for x in lb])
-    cpu = ratio_summary([x[1] for x in la], [x[1] for x in lb])
-    rows.append(row(title, f"procedure loop, {n} commits per run", wall,
-                    statistics.median(x[0] for x in la) * 1e6, statistics.median(x[0] for x in lb) * 1e6,
-                    dict(pairs=cpu["pairs"], median_ratio=round(cpu["median"], 4),
-                         interval_low=None if cpu["low"] is None else round(cpu["low"], 4),
-                         interval_high=None if cpu["high"] is None else round(cpu["high"], 4),
-                         a_ns=round(statistics.median(x[1] for x in la)),
-                         b_ns=round(statistics.median(x[1] for x in lb)),
-                         commits=n * args.rounds)))
+    rows = [loop_row(title, n, a, b, args)]
     for clients in (1, 4):
         pa, pb = [x[clients][0] for x in a], [x[clients][0] for x in b]
         rows.append(row(title, f"pgbench, {clients} client(s)", ratio_summary(pa, pb),
@@ -256,17 +260,7 @@ def table_classes(clusters, args, log):
     for count in (10, 1000):
         title = f"forced, {count:,} classified tables vs none"
         a, b = run_pairs(args.rounds, lambda: side(count), lambda: side(0), log, f"table classes: {count}")
-        la, lb = [x["loop"] for x in a], [x["loop"] for x in b]
-        wall = ratio_summary([x[0] for x in la], [x[0] for x in lb])
-        cpu = ratio_summary([x[1] for x in la], [x[1] for x in lb])
-        rows.append(row(title, f"procedure loop, {n} commits per run", wall,
-                        statistics.median(x[0] for x in la) * 1e6, statistics.median(x[0] for x in lb) * 1e6,
-                        dict(pairs=cpu["pairs"], median_ratio=round(cpu["median"], 4),
-                             interval_low=None if cpu["low"] is None else round(cpu["low"], 4),
-                             interval_high=None if cpu["high"] is None else round(cpu["high"], 4),
-                             a_ns=round(statistics.median(x[1] for x in la)),
-                             b_ns=round(statistics.median(x[1] for x in lb)),
-                             commits=n * args.rounds)))
+        rows.append(loop_row(title, n, a, b, args))
         pa, pb = [x[1][0] for x in a], [x[1][0] for x in b]
         rows.append(row(title, "pgbench, 1 client(s)", ratio_summary(pa, pb),
                         statistics.median(pa) * 1e6, statistics.median(pb) * 1e6))

@@ -279,7 +279,7 @@ fn after_commit() {
             if flushed && decision.wanted_delayed {
                 stats::count(Counter::CommitsForcedDurable);
             }
-            if decision.durable_by_table {
+            if decision.durable_by_table && (flushed || budget_flushed) {
                 stats::count(Counter::CommitsDurableByTable);
             }
             if decision.delayed_by_table && !flushed && !budget_flushed {

@@ -47,6 +47,10 @@ pub extern "C-unwind" fn _PG_init() {
     shmem::register(shmem::Region { request: walbuf::request_shared_memory, attach: walbuf::attach_shared_memory });
     // After the WAL buffer: its restore runs before the ring is compared.
     shmem::register(shmem::Region { request: loss::request_shared_memory, attach: loss::attach_shared_memory });
+    shmem::register(shmem::Region {
+        request: table_class::request_shared_memory,
+        attach: table_class::attach_shared_memory,
+    });
     shmem::install_hooks();
     loss::register_worker();
     sequence::register_callbacks();

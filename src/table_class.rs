@@ -3,18 +3,22 @@
 //! them (and temporary or unlogged tables) delayed. The classes live in the
 //! extension's configuration table; each backend keeps them in a hash map
 //! from relation to class, built on the first commit that needs it and
-//! again after an invalidation (a relcache invalidation of pg_extension,
+//! again after an invalidation (a relcache invalidation of pg_description,
 //! sent when the configuration table changes; of the configuration table,
 //! when it is dropped; of a classified partitioned table, when it gains or
 //! loses a partition; or of everything). What the transaction modified comes from
 //! PostgreSQL's per-transaction table statistics (src/c/table_class.c), so a
-//! commit costs a walk of the tables it wrote and a lookup for each.
+//! commit costs a walk of the tables it wrote and a lookup for each. A
+//! transaction that changed classes also bumps a generation number in
+//! shared memory when it commits; every commit compares it (one atomic
+//! load), so that a change applies even to transactions already open.
 
 use pgrx::pg_sys;
 use pgrx::prelude::*;
 use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};
+use std::sync::atomic::{AtomicU64, Ordering};
 
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Class {
@@ -48,15 +52,33 @@ impl Hasher for OidHasher {
 }
 type ClassMap = HashMap<u32, Entry, BuildHasherDefault<OidHasher>>;
 
+/// Bumped by every transaction that changed classes, once it committed: a
+/// commit compares it with the value its backend last saw, one atomic load,
+/// so that a class change applies at once to every later commit, including
+/// that of a transaction already open (invalidations reach a backend only
+/// when it takes a lock or starts a transaction).
+#[repr(C, align(128))]
+struct SharedGeneration {
+    generation: AtomicU64,
+}
+
 struct Cache {
     /// The map reflects the configuration table (no invalidation since).
     valid: Cell<bool>,
+    shared: Cell<*const SharedGeneration>,
+    /// The shared generation the map was read at.
+    seen_shared_generation: Cell<u64>,
+    /// This transaction wrote the configuration table.
+    changed_in_transaction: Cell<bool>,
     /// Bumped by every invalidation that concerns the map.
     generation: Cell<u64>,
     config_relid: Cell<pg_sys::Oid>,
     classes: RefCell<ClassMap>,
     /// Some table has class durable.
     any_durable: Cell<bool>,
+    /// load() is running: any relcache invalidation then means reading
+    /// again (the old map cannot tell whether it concerns the new one).
+    loading: Cell<bool>,
     /// Read in the current transaction (possibly with its own uncommitted
     /// changes: an abort after pre-commit must not keep them).
     loaded_in_transaction: Cell<bool>,
@@ -65,10 +87,14 @@ struct Cache {
 unsafe impl Sync for Cache {}
 static CACHE: Cache = Cache {
     valid: Cell::new(false),
+    shared: Cell::new(std::ptr::null()),
+    seen_shared_generation: Cell::new(0),
+    changed_in_transaction: Cell::new(false),
     generation: Cell::new(0),
     config_relid: Cell::new(pg_sys::InvalidOid),
     classes: RefCell::new(HashMap::with_hasher(BuildHasherDefault::new())),
     any_durable: Cell::new(false),
+    loading: Cell::new(false),
     loaded_in_transaction: Cell::new(false),
 };
 
@@ -86,16 +112,42 @@ unsafe extern "C-unwind" {
     fn dd_table_class_set(config_relid: pg_sys::Oid, relid: pg_sys::Oid, class: *const std::ffi::c_char);
 }
 
+pub fn request_shared_memory() {
+    // SAFETY: called from the shared-memory request hook (shmem.rs).
+    unsafe { pg_sys::RequestAddinShmemSpace(std::mem::size_of::<SharedGeneration>()) };
+}
+
+pub fn attach_shared_memory() {
+    let ptr = crate::shmem::init_struct(
+        c"delayed_durability table classes",
+        std::mem::size_of::<SharedGeneration>(),
+    );
+    CACHE.shared.set(ptr as *const SharedGeneration);
+}
+
+fn shared_generation() -> u64 {
+    let ptr = CACHE.shared.get();
+    // SAFETY: zeroed at startup, valid for the server's life; atomic.
+    if ptr.is_null() { 0 } else { unsafe { (*ptr).generation.load(Ordering::Acquire) } }
+}
+
 pub fn register_callbacks() {
     // SAFETY: called once from _PG_init in the postmaster; backends inherit it.
     unsafe { pg_sys::CacheRegisterRelcacheCallback(Some(relation_changed), pg_sys::Datum::from(0)) };
 }
 
+/// The relation whose relcache invalidation says "the classes changed": a
+/// catalog every database has, that no syscache reads (so invalidating it
+/// does not discard the relcache init files) and that rarely changes itself.
+/// pg_description (DescriptionRelationId, 2609 in every version).
+const MARKER_RELATION: pg_sys::Oid = pg_sys::Oid::from_u32(2609);
+
 /// Relcache invalidation: marks the map stale when it concerns it. Raises
 /// nothing (it runs wherever invalidations are processed).
 unsafe extern "C-unwind" fn relation_changed(_arg: pg_sys::Datum, relid: pg_sys::Oid) {
-    let concerns_map = relid == pg_sys::InvalidOid
-        || relid == pg_sys::ExtensionRelationId
+    let concerns_map = CACHE.loading.get()
+        || relid == pg_sys::InvalidOid
+        || relid == MARKER_RELATION
         || relid == CACHE.config_relid.get()
         || CACHE.classes.try_borrow().map_or(true, |map| map.get(&u32::from(relid)).is_some_and(|e| e.partitioned));
     if concerns_map {
@@ -107,6 +159,13 @@ unsafe extern "C-unwind" fn relation_changed(_arg: pg_sys::Datum, relid: pg_sys:
 /// Rebuilds the map from the configuration table. False when it could not
 /// be read now (locked): the commit is then made durable.
 fn load() -> bool {
+    CACHE.loading.set(true);
+    let loaded = read_classes();
+    CACHE.loading.set(false);
+    loaded
+}
+
+fn read_classes() -> bool {
     let generation = CACHE.generation.get();
     let mut map = ClassMap::default();
     // SAFETY: catalog reads inside the committing transaction; an error
@@ -149,10 +208,19 @@ fn load() -> bool {
 }
 
 /// At the end of every transaction: a map read with this transaction's own
-/// uncommitted changes is not kept when the transaction aborts.
+/// uncommitted changes is not kept when the transaction aborts; a committed
+/// change of the classes is announced to every backend.
 pub fn at_transaction_end(committed: bool) {
     if CACHE.loaded_in_transaction.replace(false) && !committed {
         CACHE.valid.set(false);
+    }
+    if CACHE.changed_in_transaction.replace(false) && committed {
+        let ptr = CACHE.shared.get();
+        if !ptr.is_null() {
+            // SAFETY: as in shared_generation(). The commit is visible by
+            // now (XACT_EVENT_COMMIT comes after ProcArrayEndTransaction).
+            unsafe { (*ptr).generation.fetch_add(1, Ordering::Release) };
+        }
     }
 }
 
@@ -172,13 +240,20 @@ const UNKNOWN: Modified = Modified { durable: true, only_delayed: false };
 /// At pre-commit of a transaction that has an xid.
 pub fn modified() -> Modified {
     // A class set by a transaction that committed while this one ran
-    // applies to this commit: take the invalidations it sent (cheap when
-    // there are none).
-    // SAFETY: what a lock acquisition does; pgrx guards pg_sys calls
-    // (an invalidation callback may raise).
-    unsafe { pg_sys::AcceptInvalidationMessages() };
-    if !CACHE.valid.get() && !load() {
-        return UNKNOWN;
+    // applies to this commit.
+    let generation = shared_generation();
+    if generation != CACHE.seen_shared_generation.get() {
+        CACHE.seen_shared_generation.set(generation);
+        CACHE.valid.set(false);
+    }
+    if !CACHE.valid.get() {
+        // Reading again: take the invalidations sent meanwhile first (a
+        // partition created since this transaction last took a lock).
+        // SAFETY: what a lock acquisition does; pgrx guards pg_sys calls.
+        unsafe { pg_sys::AcceptInvalidationMessages() };
+        if !load() {
+            return UNKNOWN;
+        }
     }
     if CACHE.classes.borrow().is_empty() {
         return Modified::default();
@@ -278,14 +353,18 @@ fn delayed_durability_set_table_class(tbl: Option<pg_sys::Oid>, class: Option<&s
     unsafe { pg_sys::ffi::pg_guard_ffi_boundary(|| dd_table_class_set(config, relid, class_ptr)) };
 }
 
-/// Called by the configuration table's statement trigger: every backend of
-/// this database reads the classes again once this transaction commits
-/// (this one at its next command).
+/// Called by the configuration table's triggers: every backend reads the
+/// classes again once this transaction commits (this one at its next
+/// command).
 #[pg_extern(volatile, parallel_unsafe)]
 fn delayed_durability_table_classes_changed() {
-    // SAFETY: queues a transactional invalidation of pg_extension's relcache
-    // entry, the marker relation_changed() listens for.
-    unsafe { pg_sys::CacheInvalidateRelcacheByRelid(pg_sys::ExtensionRelationId) };
+    // Announced at commit (at_transaction_end).
+    CACHE.changed_in_transaction.set(true);
+    // Also a transactional invalidation of the marker relation's relcache
+    // entry, which relation_changed() listens for: sent by COMMIT PREPARED
+    // too, whichever backend runs it.
+    // SAFETY: queues an invalidation; raises nothing but out-of-memory.
+    unsafe { pg_sys::CacheInvalidateRelcacheByRelid(MARKER_RELATION) };
 }
 
 // The configuration table (kept by pg_dump), the view, the triggers that
@@ -310,19 +389,25 @@ BEGIN
     RETURN NULL;
 END $$;
 REVOKE ALL ON FUNCTION delayed_durability_table_class_config_changed() FROM PUBLIC;
-CREATE TRIGGER delayed_durability_table_class_config_changed
-    AFTER INSERT OR UPDATE OR DELETE OR TRUNCATE ON delayed_durability_table_class_config
-    FOR EACH STATEMENT EXECUTE FUNCTION delayed_durability_table_class_config_changed();
--- Also when rows arrive by logical replication or with
+-- Row triggers, as logical replication's apply fires no statement trigger
+-- for INSERT, UPDATE and DELETE; TRUNCATE has only a statement trigger.
+-- Enabled always: also when rows arrive by logical replication or with
 -- session_replication_role = replica.
+CREATE TRIGGER delayed_durability_table_class_config_changed
+    AFTER INSERT OR UPDATE OR DELETE ON delayed_durability_table_class_config
+    FOR EACH ROW EXECUTE FUNCTION delayed_durability_table_class_config_changed();
+CREATE TRIGGER delayed_durability_table_class_config_truncated
+    AFTER TRUNCATE ON delayed_durability_table_class_config
+    FOR EACH STATEMENT EXECUTE FUNCTION delayed_durability_table_class_config_changed();
 ALTER TABLE delayed_durability_table_class_config
-    ENABLE ALWAYS TRIGGER delayed_durability_table_class_config_changed;
+    ENABLE ALWAYS TRIGGER delayed_durability_table_class_config_changed,
+    ENABLE ALWAYS TRIGGER delayed_durability_table_class_config_truncated;
 
 CREATE FUNCTION delayed_durability_forget_dropped_tables() RETURNS event_trigger
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 BEGIN
-    -- Only when a classified table was dropped: every DELETE statement
-    -- makes every session read the classes again.
+    -- Only when a classified table was dropped: a change of the classes
+    -- makes every session read them again.
     IF EXISTS (SELECT FROM @extschema@.delayed_durability_table_class_config
                 WHERE relid::oid IN (SELECT objid FROM pg_event_trigger_dropped_objects()
                                       WHERE classid = 'pg_class'::regclass AND objsubid = 0)) THEN

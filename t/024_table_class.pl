@@ -167,6 +167,28 @@ $node->wait_for_catchup('sub');
 is($sub->safe_psql('postgres', 'SELECT count(*) FROM payments WHERE id > 2000'), '10', 'replicated');
 is($sub_counter->() - $sub_before, 10, 'subscriber: the 10 applied payments commits were made durable by the table');
 
+# The configuration table itself replicated: a class set on the publisher
+# reaches the subscriber, whose apply worker (whose row triggers fire) and
+# sessions read the classes again.
+for my $n ($node, $sub)
+{
+	$n->safe_psql($n == $node ? 'web' : 'postgres', 'CREATE TABLE newt (i int)');
+}
+$node->safe_psql('web', 'ALTER PUBLICATION pub ADD TABLE delayed_durability_table_class_config, newt');
+$sub->safe_psql('postgres', 'ALTER SUBSCRIPTION sub REFRESH PUBLICATION WITH (copy_data = false)');
+$sub->poll_query_until('postgres',
+	"SELECT count(*) = 4 FROM pg_subscription_rel WHERE srsubstate = 'r'")
+  or diag('the subscription did not pick up the new tables');
+$node->safe_psql('web', "SELECT delayed_durability_set_table_class('newt', 'durable')");
+$node->wait_for_catchup('sub');
+is($sub->safe_psql('postgres', q{SELECT class FROM delayed_durability_table_classes WHERE "table" = 'newt'}),
+	'durable', 'the class replicated to the subscriber');
+$sub_before = $sub_counter->();
+$node->safe_psql('web', join("\n", map { "INSERT INTO newt VALUES ($_);" } 1 .. 5));
+$node->wait_for_catchup('sub');
+is($sub->safe_psql('postgres', 'SELECT count(*) FROM newt'), '5', 'newt replicated');
+is($sub_counter->() - $sub_before, 5, 'subscriber: the replicated class made the 5 applied commits durable');
+
 $sub->stop;
 $node->stop;
 done_testing();

@@ -26,6 +26,7 @@
 #include "catalog/indexing.h"
 #include "catalog/objectaddress.h"
 #include "catalog/partition.h"
+#include "catalog/pg_am.h"
 #include "catalog/pg_class.h"
 #include "catalog/pg_extension.h"
 #include "catalog/pg_inherits.h"
@@ -214,12 +215,14 @@ append_relation(ClassList *list, Oid relid, bool durable)
  * relation: a partitioned table's class goes to all its partitions, at any
  * depth, unless a partition nearer to them has a class of its own. The
  * arrays and everything else allocated live in *context, which the caller
- * deletes. Returns -1 when the table is gone, -2 when it is locked (a
- * TRUNCATE, VACUUM FULL...): the commit does not wait for it.
+ * deletes. Returns -1 when the table is gone, -2 when it cannot be read
+ * now: the commit does not wait.
  *
- * SnapshotSelf, not an MVCC snapshot: it sees the classes committed up to
- * now and this transaction's own, and takes no SERIALIZABLE predicate lock
- * (a commit never conflicts on the configuration table).
+ * Read under ShareLock, taken only if free: no other transaction is then
+ * writing classes (a writer holds RowExclusiveLock until it commits), so
+ * SnapshotSelf sees exactly the committed classes and this transaction's
+ * own, and no SERIALIZABLE predicate lock is taken (a commit never
+ * conflicts on the configuration table).
  */
 int
 dd_table_class_load(Oid config_relid, Oid **relids_out, char **codes_out, MemoryContext *context)
@@ -233,15 +236,15 @@ dd_table_class_load(Oid config_relid, Oid **relids_out, char **codes_out, Memory
 				rows_size = 16;
 	ClassList	list;
 
-	if (!ConditionalLockRelationOid(config_relid, AccessShareLock))
+	if (!ConditionalLockRelationOid(config_relid, ShareLock))
 		return -2;
 	config = try_table_open(config_relid, NoLock);
 	if (config == NULL)
 	{
-		UnlockRelationOid(config_relid, AccessShareLock);
+		UnlockRelationOid(config_relid, ShareLock);
 		return -1;
 	}
-	*context = AllocSetContextCreate(CurrentMemoryContext, "delayed_durability table classes",
+	*context = AllocSetContextCreate(TopTransactionContext, "delayed_durability table classes",
 									 ALLOCSET_SMALL_SIZES);
 	old = MemoryContextSwitchTo(*context);
 	rows = palloc(rows_size * sizeof(ClassRow));
@@ -270,7 +273,7 @@ dd_table_class_load(Oid config_relid, Oid **relids_out, char **codes_out, Memory
 		nrows++;
 	}
 	systable_endscan(scan);
-	table_close(config, AccessShareLock);
+	table_close(config, ShareLock);
 
 	/* Outer tables first, so that a nearer class is appended later. */
 	qsort(rows, nrows, sizeof(ClassRow), by_depth);
@@ -298,17 +301,17 @@ dd_table_class_load(Oid config_relid, Oid **relids_out, char **codes_out, Memory
 	return list.count;
 }
 
-static Oid
-relation_owner(Oid relid)
+/* The relation's owner and table access method. */
+static void
+relation_owner_and_am(Oid relid, Oid *owner, Oid *am)
 {
 	HeapTuple	tuple = SearchSysCache1(RELOID, ObjectIdGetDatum(relid));
-	Oid			owner;
 
 	if (!HeapTupleIsValid(tuple))
 		elog(ERROR, "cache lookup failed for relation %u", relid);
-	owner = ((Form_pg_class) GETSTRUCT(tuple))->relowner;
+	*owner = ((Form_pg_class) GETSTRUCT(tuple))->relowner;
+	*am = ((Form_pg_class) GETSTRUCT(tuple))->relam;
 	ReleaseSysCache(tuple);
-	return owner;
 }
 
 /*
@@ -323,6 +326,8 @@ dd_table_class_set(Oid config_relid, Oid relid, const char *class)
 	char		relkind;
 	char	   *relname;
 	Oid			config_owner;
+	Oid			table_owner;
+	Oid			table_am;
 	Oid			save_userid;
 	int			save_sec_context;
 	Oid			argtypes[2] = {REGCLASSOID, TEXTOID};
@@ -357,18 +362,26 @@ dd_table_class_set(Oid config_relid, Oid relid, const char *class)
 				(errcode(ERRCODE_FEATURE_NOT_SUPPORTED),
 				 errmsg("cannot set a durability class on temporary table \"%s\"", relname),
 				 errhint("A crash loses temporary tables whatever their commits; commits that modify only temporary tables already count as delayed ones.")));
+	relation_owner_and_am(relid, &table_owner, &table_am);
+	if (relkind == RELKIND_RELATION && table_am != HEAP_TABLE_AM_OID)
+		ereport(ERROR,
+				(errcode(ERRCODE_FEATURE_NOT_SUPPORTED),
+				 errmsg("cannot set a durability class on \"%s\"", relname),
+				 errdetail("Its table access method is not heap: the rows it writes are not counted per transaction.")));
 	if (IsCatalogRelationOid(relid) || relid == config_relid)
 		ereport(ERROR,
 				(errcode(ERRCODE_WRONG_OBJECT_TYPE),
 				 errmsg("cannot set a durability class on \"%s\"", relname),
 				 errdetail("It is a system catalog or the table the classes are kept in.")));
 
-	config_owner = relation_owner(config_relid);
+	relation_owner_and_am(config_relid, &config_owner, &table_am);
 	config_name = quote_qualified_identifier(get_namespace_name(get_rel_namespace(config_relid)),
 											 get_rel_name(config_relid));
 	if (class != NULL)
-		sql = psprintf("INSERT INTO %s (relid, class) VALUES ($1, $2) "
-					   "ON CONFLICT (relid) DO UPDATE SET class = EXCLUDED.class", config_name);
+		/* Setting the class a table has writes nothing (and invalidates nothing). */
+		sql = psprintf("INSERT INTO %s AS c (relid, class) VALUES ($1, $2) "
+					   "ON CONFLICT (relid) DO UPDATE SET class = EXCLUDED.class "
+					   "WHERE c.class OPERATOR(pg_catalog.<>) EXCLUDED.class", config_name);
 	else
 		sql = psprintf("DELETE FROM %s WHERE relid OPERATOR(pg_catalog.=) $1", config_name);
 	values[0] = ObjectIdGetDatum(relid);
@@ -383,7 +396,7 @@ dd_table_class_set(Oid config_relid, Oid relid, const char *class)
 	if (SPI_connect() != SPI_OK_CONNECT)
 		elog(ERROR, "SPI_connect failed");
 	ret = SPI_execute_with_args(sql, class != NULL ? 2 : 1, argtypes, values, nulls, false, 0);
-	if (ret != SPI_OK_INSERT && ret != SPI_OK_DELETE)
+	if (ret != SPI_OK_INSERT && ret != SPI_OK_DELETE && ret != SPI_OK_UPDATE)
 		elog(ERROR, "writing the durability class failed: %s", SPI_result_code_string(ret));
 	SPI_finish();
 	SetUserIdAndSecContext(save_userid, save_sec_context);
