@@ -46,6 +46,10 @@ def ratio_cell(r, digits=3):
     return f"{r['median_ratio']:.{digits}f} ({interval(r['interval_low'], r['interval_high'], digits)})"
 
 
+# The rows of the table-class comparisons (their own block).
+CLASSES = "classified tables"
+
+
 def overhead(path):
     """Extension / native per commit: wall clock, CPU and instructions."""
     data = load(path)
@@ -61,7 +65,8 @@ def overhead(path):
            "|---|---|---|---|---|---|---|"]
     seen = []
     for r in rows:
-        if r["comparison"] not in seen and not r["comparison"].startswith("cached_nextval"):
+        if (r["comparison"] not in seen and not r["comparison"].startswith("cached_nextval")
+                and CLASSES not in r["comparison"]):
             seen.append(r["comparison"])
     for comp in seen:
         loop = by[(comp, "procedure loop")]
@@ -117,7 +122,7 @@ def table_classes(path):
            "| pgbench 1 client: time |", "|---|---|---|---|---|"]
     seen = []
     for r in rows:
-        if r["comparison"] not in seen:
+        if r["comparison"] not in seen and CLASSES in r["comparison"]:
             seen.append(r["comparison"])
     extra = []
     for comp in seen:
