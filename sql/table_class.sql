@@ -107,9 +107,11 @@ CALL tc_run('delayed');
 CALL tc_run(NULL);
 
 CREATE TABLE payments (id int, note text);
-SELECT delayed_durability_set_table_class('payments', 'durable');
--- A durable and a delayed table in one transaction: durable, even forced.
+-- Setting a class is itself a durable commit, even forced.
 SET delayed_durability.mode = 'forced';
+SELECT delayed_durability_set_table_class('payments', 'durable');
+SELECT tc_flushed() AS class_change_is_durable;
+-- A durable and a delayed table in one transaction: durable, even forced.
 BEGIN;
 INSERT INTO dly VALUES (1);
 INSERT INTO payments VALUES (1);

@@ -119,6 +119,9 @@ unsafe extern "C-unwind" fn xact_callback(event: pg_sys::XactEvent::Type, _arg: 
     match event {
         pg_sys::XactEvent::XACT_EVENT_PRE_COMMIT => before_commit(),
         pg_sys::XactEvent::XACT_EVENT_COMMIT => {
+            if STATE.commit_prepared.get() {
+                table_class::note_commit_prepared();
+            }
             after_commit();
             crate::stats::flush_pending();
             table_class::at_transaction_end(true);

@@ -211,6 +211,8 @@ fn read_classes() -> bool {
 /// uncommitted changes is not kept when the transaction aborts; a committed
 /// change of the classes is announced to every backend.
 pub fn at_transaction_end(committed: bool) {
+    // An error while reading left it set.
+    CACHE.loading.set(false);
     if CACHE.loaded_in_transaction.replace(false) && !committed {
         CACHE.valid.set(false);
     }
@@ -236,6 +238,14 @@ pub struct Modified {
 }
 
 const UNKNOWN: Modified = Modified { durable: true, only_delayed: false };
+
+/// COMMIT PREPARED of a transaction that may have changed classes: its
+/// invalidations are sent, but its backend's flag went with PREPARE; the
+/// generation is bumped at this commit instead (one more read of the
+/// classes per backend).
+pub fn note_commit_prepared() {
+    CACHE.changed_in_transaction.set(true);
+}
 
 /// At pre-commit of a transaction that has an xid.
 pub fn modified() -> Modified {
@@ -358,6 +368,10 @@ fn delayed_durability_set_table_class(tbl: Option<pg_sys::Oid>, class: Option<&s
 /// command).
 #[pg_extern(volatile, parallel_unsafe)]
 fn delayed_durability_table_classes_changed() {
+    // A class is a durability promise: its change must survive a crash
+    // (and reach a synchronous standby) whatever the policy of the commit
+    // that makes it, or a durable table could silently become unclassified.
+    crate::commit::require_durable_commit();
     // Announced at commit (at_transaction_end).
     CACHE.changed_in_transaction.set(true);
     // Also a transactional invalidation of the marker relation's relcache
