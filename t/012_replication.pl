@@ -74,7 +74,10 @@ is($out, 'returned', 'native synchronous_commit = off: DROP TABLE does not wait 
 ok(kill('CONT', $walreceiver), "standby's WAL receiver resumed");
 $primary->wait_for_catchup($standby);
 
-# flush_log() hardens delayed commits locally.
+# flush_log() hardens delayed commits locally. (The WAL writer, settled
+# first, flushes nothing for the next 10 s: woken from hibernation by the
+# asynchronous commit it would otherwise flush it at once.)
+settle_wal_writer($primary);
 my $flushed = $primary->safe_psql('shop',
 	"INSERT INTO t VALUES (4);\nSELECT pg_current_wal_flush_lsn() < wal_end();\nSELECT flush_log() >= wal_end();");
 is($flushed, "t\nt", 'forced commit unflushed, then flushed by flush_log()');
