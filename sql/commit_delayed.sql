@@ -85,8 +85,8 @@ SELECT count(*) FROM t;
 BEGIN; SELECT 1; COMMIT;
 :deltas;
 
--- Outside a transaction block the request only covers its own statement:
--- a WARNING, like SET LOCAL. It still applies to that statement's commit.
+-- Outside a transaction block the request has no effect, as SET LOCAL has
+-- none there: a WARNING, false, and the statement's commit is not delayed.
 SET delayed_durability.mode = 'allowed';
 SELECT * FROM counters() \gset b_
 SELECT commit_delayed();

@@ -260,3 +260,23 @@ RESET ROLE;
 SELECT * FROM delayed_durability_table_classes WHERE "table" = 'owned';
 DROP TABLE owned;
 DROP ROLE regress_tc_owner, regress_tc_member, regress_tc_other;
+
+-- nextval() in a transaction that writes only delayed tables does not make
+-- its commit durable (a serial column of a delayed table would otherwise
+-- make every such commit durable): like any delayed commit's, its values
+-- can be handed out again after a crash. cached_nextval() flushes its
+-- recovery value before it returns a value, whatever the commit: the one
+-- for numbers that must never repeat.
+SET delayed_durability.mode = 'allowed';
+CREATE SEQUENCE invoice_no;
+BEGIN;
+INSERT INTO dly SELECT nextval('invoice_no');
+COMMIT;
+SELECT tc_flushed() AS nextval_commit_flushed;
+BEGIN;
+SELECT pg_current_wal_insert_lsn() AS before_call \gset
+INSERT INTO dly SELECT cached_nextval('invoice_no');
+SELECT pg_current_wal_flush_lsn() > :'before_call'::pg_lsn AS cached_nextval_recovery_value_flushed;
+COMMIT;
+SELECT tc_flushed() AS cached_nextval_commit_flushed;
+RESET delayed_durability.mode;

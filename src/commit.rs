@@ -9,9 +9,12 @@
 //! called directly (no set_config_option per commit) and put back at
 //! `XACT_EVENT_COMMIT` or `XACT_EVENT_ABORT`, before `AtEOXact_GUC`.
 //!
-//! The outcome is counted at `XACT_EVENT_COMMIT`, when the commit record is
-//! written and what PostgreSQL flushed anyway is known (the xid, pending
-//! file deletions, COMMIT PREPARED, CREATE/DROP DATABASE...).
+//! At `XACT_EVENT_COMMIT` the commit record is written, and whether it is
+//! flushed is read from the flush position against the record's end: a
+//! delayed commit left unflushed goes through the loss budget and the
+//! record of acknowledgements, a durable one found unflushed is flushed,
+//! and the receipt is the record's end. What the transaction asked for
+//! (src/commit_requests.rs) only names the reason in the counters.
 //!
 //! The callbacks below call no PostgreSQL function that raises an error
 //! (reading the xid and pending deletions, the assign hook), so no error
@@ -24,13 +27,13 @@
 //! below which every utility statement runs, is a C trampoline
 //! (src/c/hooks.c) for that reason.
 
+use crate::commit_requests as requests;
 use crate::guc::{self, Mode};
 use crate::stats::{self, Counter};
 use crate::table_class;
 use pgrx::pg_sys;
 use pgrx::prelude::*;
 use std::cell::Cell;
-use std::ffi::CStr;
 
 /// What the policy decided at pre-commit.
 #[derive(Clone, Copy)]
@@ -48,22 +51,10 @@ struct Decision {
     /// It had written WAL by pre-commit: RecordTransactionCommit flushes
     /// (at a level above off) only when it did.
     wrote_wal: bool,
-    /// XactLastRecEnd at pre-commit: for COMMIT PREPARED, the end of the
-    /// prepared transaction's commit record.
-    last_rec_end: u64,
     ignored_request: bool,
 }
 
 struct XactState {
-    /// commit_delayed() was called in this top-level transaction.
-    requested: Cell<bool>,
-    /// This transaction runs a command for which PostgreSQL calls
-    /// ForceSyncCommit() (CREATE/DROP DATABASE or TABLESPACE, ...).
-    core_forces_sync: Cell<bool>,
-    /// This transaction runs COMMIT PREPARED (always flushed by PostgreSQL).
-    commit_prepared: Cell<bool>,
-    /// The extension needs this commit durable (see require_durable_commit).
-    durable_required: Cell<bool>,
     decision: Cell<Option<Decision>>,
     /// synchronous_commit to put back once the commit is done, when the
     /// policy changed it for this commit.
@@ -72,25 +63,15 @@ struct XactState {
 // SAFETY: a PostgreSQL backend runs this code on one thread only.
 unsafe impl Sync for XactState {}
 
-static STATE: XactState = XactState {
-    requested: Cell::new(false),
-    core_forces_sync: Cell::new(false),
-    commit_prepared: Cell::new(false),
-    durable_required: Cell::new(false),
-    decision: Cell::new(None),
-    restore_level: Cell::new(None),
-};
+static STATE: XactState = XactState { decision: Cell::new(None), restore_level: Cell::new(None) };
 
 impl XactState {
     fn reset(&self) {
         if let Some(level) = self.restore_level.take() {
             set_commit_level(level);
         }
-        self.requested.set(false);
-        self.core_forces_sync.set(false);
-        self.commit_prepared.set(false);
-        self.durable_required.set(false);
         self.decision.set(None);
+        requests::reset();
     }
 }
 
@@ -108,20 +89,11 @@ pub fn install_hooks() {
     }
 }
 
-/// Makes the commit of the current transaction durable whatever the policy
-/// says (counted as forced durable when the policy wanted it delayed).
-pub fn require_durable_commit() {
-    STATE.durable_required.set(true);
-}
-
 #[pg_guard]
 unsafe extern "C-unwind" fn xact_callback(event: pg_sys::XactEvent::Type, _arg: *mut std::ffi::c_void) {
     match event {
         pg_sys::XactEvent::XACT_EVENT_PRE_COMMIT => before_commit(),
         pg_sys::XactEvent::XACT_EVENT_COMMIT => {
-            if STATE.commit_prepared.get() {
-                table_class::note_commit_prepared();
-            }
             after_commit();
             crate::stats::flush_pending();
             table_class::at_transaction_end(true);
@@ -195,8 +167,9 @@ fn commit_drops_relation_files() -> bool {
 }
 
 fn before_commit() {
+    stats::bind_database_slot();
     let mode = guc::mode();
-    let requested = STATE.requested.get();
+    let requested = requests::delayed_requested();
     let sync_off = commit_level() == OFF;
     let had_xid = transaction_has_xid();
     // Without an xid the transaction modified no table.
@@ -211,9 +184,7 @@ fn before_commit() {
     let durable_by_table = policy_delayed && tables.durable;
     let delayed_by_table = !policy_delayed && mode != Mode::Disabled && tables.only_delayed;
     let wanted_delayed = (policy_delayed && !tables.durable) || delayed_by_table;
-    let delayed = wanted_delayed && !STATE.durable_required.get();
-    // SAFETY: backend-local; the end of this transaction's last WAL record, 0 if none.
-    let last_rec_end = unsafe { pg_sys::XactLastRecEnd };
+    let delayed = wanted_delayed && !requests::durable_required();
     if delayed && !sync_off {
         change_commit_level(OFF);
     } else if !delayed && sync_off {
@@ -225,67 +196,91 @@ fn before_commit() {
         delayed_by_table,
         delayed,
         had_xid,
-        wrote_wal: last_rec_end != 0,
-        last_rec_end,
+        // SAFETY: backend-local; the end of this transaction's last WAL record, 0 if none.
+        wrote_wal: unsafe { pg_sys::XactLastRecEnd } != 0,
         ignored_request: (requested || tables.only_delayed) && mode == Mode::Disabled,
     }));
 }
 
-/// Whether the commit record just written is flushed, making it so when
-/// the policy said durable and PostgreSQL did not flush it because the
-/// transaction got its xid only after pre-commit (NOTIFY, pg_notify(): the
-/// notification is delivered right after this callback, and a listener must
-/// not act on a transaction a crash could lose).
-fn commit_is_flushed(decision: &Decision, commit_prepared: bool) -> bool {
-    // The common durable commit first: it costs no call.
-    if !decision.delayed && decision.wrote_wal {
-        return true;
-    }
-    if commit_prepared || STATE.core_forces_sync.get() || commit_drops_relation_files() {
-        return true;
+/// How a commit whose record was just written stands, read from facts: the
+/// flush position against the end of the commit record, and what
+/// PostgreSQL was seen doing (a statement that completed, the relation
+/// files the commit drops). Nothing predicted from a statement that may
+/// have failed decides whether a commit is treated as flushed.
+#[derive(Clone, Copy, PartialEq, Debug)]
+enum Outcome {
+    /// Flushed before the client hears of it.
+    Durable,
+    /// Left unflushed by the policy: the loss budget and the record of
+    /// acknowledgements apply.
+    Delayed,
+    /// Delayed by the policy, and found flushed already by another process
+    /// (nothing of it can be lost: not recorded).
+    DelayedFlushedMeanwhile,
+    /// Flushed because PostgreSQL always flushes such a commit, though the
+    /// policy delayed it.
+    DurableByCore,
+    /// PostgreSQL's own asynchronous commit of a transaction that wrote WAL
+    /// only for temporary or unlogged tables (nothing of it survives a crash).
+    CoreAsync,
+}
+
+/// Makes a durable decision hold: when the commit record is not flushed
+/// although the policy said durable (the transaction got its xid only after
+/// pre-commit, as with NOTIFY, whose listeners must not act on a commit a
+/// crash could lose), flushes it here.
+fn outcome(decision: &Decision, commit_end: u64, commit_prepared: bool) -> Outcome {
+    if crate::flush::flush_end() >= commit_end {
+        if !decision.delayed {
+            return Outcome::Durable;
+        }
+        // Flushed already: by PostgreSQL because of what the transaction
+        // did, or by another process (a concurrent flush) in the meantime.
+        return if commit_prepared || requests::core_flushes_commit() || commit_drops_relation_files() {
+            Outcome::DurableByCore
+        } else {
+            Outcome::DelayedFlushedMeanwhile
+        };
     }
     if decision.delayed {
-        return false;
+        return Outcome::Delayed;
     }
-    if !decision.had_xid {
-        // SAFETY: XactLastCommitEnd is the end of the commit record
-        // RecordTransactionCommit just wrote, so the request is satisfiable;
-        // an I/O failure is a PANIC here, as in RecordTransactionCommit.
-        unsafe { pg_sys::XLogFlush(pg_sys::XactLastCommitEnd) };
-        return true;
+    if decision.had_xid && !decision.wrote_wal && !commit_prepared {
+        return Outcome::CoreAsync;
     }
-    // A transaction that had an xid but no WAL at pre-commit (only temporary
-    // or unlogged tables): PostgreSQL commits it asynchronously, nothing it
-    // did survives a crash anyway; unless on-commit actions wrote WAL after
-    // pre-commit, in which case it flushed. Ask the flush position.
-    // SAFETY: XactLastCommitEnd is the end of the commit record just written.
-    crate::flush::flush_end() >= unsafe { pg_sys::XactLastCommitEnd }
+    // SAFETY: commit_end is the end of a commit record already inserted, so
+    // the request is satisfiable; an I/O failure is a PANIC here, as in
+    // RecordTransactionCommit.
+    unsafe { pg_sys::XLogFlush(commit_end) };
+    Outcome::Durable
 }
 
 fn after_commit() {
     if let Some(decision) = STATE.decision.get() {
-        let commit_prepared = STATE.commit_prepared.get();
-        // A commit record was written: the transaction had an xid by the
-        // time it committed, or it committed a prepared transaction.
-        if commit_prepared || transaction_has_xid() {
-            let commit_end = if commit_prepared {
-                decision.last_rec_end
-            } else {
-                // SAFETY: the end of the commit record RecordTransactionCommit just wrote.
-                unsafe { pg_sys::XactLastCommitEnd }
-            };
-            let flushed = commit_is_flushed(&decision, commit_prepared);
+        let commit_prepared_end = requests::commit_prepared_end();
+        // The end of the commit record written: of this transaction's (it
+        // had an xid by the time it committed) or of the prepared
+        // transaction it committed.
+        let commit_end = match commit_prepared_end {
+            Some(end) => end,
+            // SAFETY: the end of the commit record RecordTransactionCommit just wrote.
+            None if transaction_has_xid() => unsafe { pg_sys::XactLastCommitEnd },
+            None => 0,
+        };
+        if commit_end != 0 {
+            let outcome = outcome(&decision, commit_end, commit_prepared_end.is_some());
             // The loss budget and the record of acknowledgements apply to
-            // the commits the policy delayed.
-            let budget_flushed = !flushed && decision.delayed && crate::loss::acknowledge(commit_end);
-            stats::count(if flushed || budget_flushed { Counter::CommitsDurable } else { Counter::CommitsDelayed });
-            if flushed && decision.wanted_delayed {
+            // every commit the policy delayed whose WAL is not flushed.
+            let budget_flushed = outcome == Outcome::Delayed && crate::loss::acknowledge(commit_end);
+            let durable = matches!(outcome, Outcome::Durable | Outcome::DurableByCore) || budget_flushed;
+            stats::count(if durable { Counter::CommitsDurable } else { Counter::CommitsDelayed });
+            if decision.wanted_delayed && matches!(outcome, Outcome::Durable | Outcome::DurableByCore) {
                 stats::count(Counter::CommitsForcedDurable);
             }
-            if decision.durable_by_table && (flushed || budget_flushed) {
+            if decision.durable_by_table && durable {
                 stats::count(Counter::CommitsDurableByTable);
             }
-            if decision.delayed_by_table && !flushed && !budget_flushed {
+            if decision.delayed_by_table && !durable {
                 stats::count(Counter::CommitsDelayedByTable);
             }
             if budget_flushed {
@@ -300,55 +295,35 @@ fn after_commit() {
     STATE.reset();
 }
 
-/// Called by the utility hook (src/c/hooks.c) before every utility
-/// statement: notes the commands whose commit PostgreSQL always flushes, so
-/// the counters can tell "forced durable by core" apart from the policy.
-/// Reads the parse tree only; raises nothing.
-#[no_mangle]
-#[pg_guard]
-pub unsafe extern "C-unwind" fn dd_note_utility_statement(stmt: *mut pg_sys::Node) {
-    if stmt.is_null() {
-        return;
-    }
-    // SAFETY: utilityStmt is a valid parse node for the duration of the call.
-    unsafe {
-        match (*stmt).type_ {
-            pg_sys::NodeTag::T_TransactionStmt => {
-                let ts = stmt as *mut pg_sys::TransactionStmt;
-                if (*ts).kind == pg_sys::TransactionStmtKind::TRANS_STMT_COMMIT_PREPARED {
-                    STATE.commit_prepared.set(true);
-                }
-            }
-            pg_sys::NodeTag::T_CreatedbStmt
-            | pg_sys::NodeTag::T_DropdbStmt
-            | pg_sys::NodeTag::T_CreateTableSpaceStmt
-            | pg_sys::NodeTag::T_DropTableSpaceStmt => STATE.core_forces_sync.set(true),
-            pg_sys::NodeTag::T_AlterDatabaseStmt => {
-                // Only ALTER DATABASE ... SET TABLESPACE moves files.
-                let options =
-                    pgrx::PgList::<pg_sys::DefElem>::from_pg((*(stmt as *mut pg_sys::AlterDatabaseStmt)).options);
-                if options.iter_ptr().any(|d| CStr::from_ptr((*d).defname).to_bytes() == b"tablespace") {
-                    STATE.core_forces_sync.set(true);
-                }
-            }
-            _ => {}
-        }
-    }
-}
-
-/// Called by the utility hook after a utility statement succeeded.
+/// Called by the utility hook (src/c/hooks.c) after a utility statement
+/// completed without error (a failed one never gets here). Reads the parse
+/// tree only; raises nothing but what processing invalidations after
+/// COMMIT PREPARED may raise.
 #[no_mangle]
 #[pg_guard]
 pub unsafe extern "C-unwind" fn dd_after_utility_statement(stmt: *mut pg_sys::Node) {
-    // SAFETY: as in dd_note_utility_statement.
+    requests::note_completed_statement(stmt);
+    // SAFETY: utilityStmt is a valid parse node for the duration of the call.
     unsafe {
-        if !stmt.is_null() && (*stmt).type_ == pg_sys::NodeTag::T_DiscardStmt {
-            // DISCARD SEQUENCES and DISCARD ALL forget cached_currval()
-            // values, as they forget currval()'s.
-            let target = (*(stmt as *mut pg_sys::DiscardStmt)).target;
-            if target == pg_sys::DiscardMode::DISCARD_ALL || target == pg_sys::DiscardMode::DISCARD_SEQUENCES {
-                crate::sequence::discard_session_values();
+        if stmt.is_null() {
+            return;
+        }
+        match (*stmt).type_ {
+            pg_sys::NodeTag::T_DiscardStmt => {
+                // DISCARD SEQUENCES and DISCARD ALL forget cached_currval()
+                // values, as they forget currval()'s.
+                let target = (*(stmt as *mut pg_sys::DiscardStmt)).target;
+                if target == pg_sys::DiscardMode::DISCARD_ALL || target == pg_sys::DiscardMode::DISCARD_SEQUENCES {
+                    crate::sequence::discard_session_values();
+                }
             }
+            pg_sys::NodeTag::T_TransactionStmt
+                if (*(stmt as *mut pg_sys::TransactionStmt)).kind
+                    == pg_sys::TransactionStmtKind::TRANS_STMT_COMMIT_PREPARED =>
+            {
+                table_class::commit_prepared_completed();
+            }
+            _ => {}
         }
     }
 }
@@ -363,10 +338,7 @@ fn in_transaction_block_or_procedure() -> bool {
         }
         let portal = pg_sys::ActivePortal;
         !portal.is_null()
-            && matches!(
-                (*portal).commandTag,
-                pg_sys::CommandTag::CMDTAG_CALL | pg_sys::CommandTag::CMDTAG_DO
-            )
+            && matches!((*portal).commandTag, pg_sys::CommandTag::CMDTAG_CALL | pg_sys::CommandTag::CMDTAG_DO)
     }
 }
 
@@ -377,12 +349,16 @@ fn in_transaction_block_or_procedure() -> bool {
 fn commit_delayed() -> bool {
     crate::preload::require_preloaded();
     if !in_transaction_block_or_procedure() {
-        ereport!(
-            PgLogLevel::WARNING,
+        // Like SET LOCAL outside a transaction block: no effect.
+        pg_sys::panic::ErrorReport::new(
             PgSqlErrorCode::ERRCODE_NO_ACTIVE_SQL_TRANSACTION,
-            "commit_delayed() can only be used in transaction blocks"
-        );
+            "commit_delayed() can only be used in transaction blocks",
+            "",
+        )
+        .set_hint("Outside a transaction block it has no effect: call it between BEGIN and COMMIT.")
+        .report(PgLogLevel::WARNING);
+        return false;
     }
-    STATE.requested.set(true);
+    requests::request_delayed();
     guc::mode() != Mode::Disabled
 }

@@ -7,6 +7,7 @@
 use pgrx::prelude::*;
 
 mod commit;
+mod commit_requests;
 mod errors;
 mod flush;
 mod guc;
@@ -38,12 +39,10 @@ pub extern "C-unwind" fn _PG_init() {
     sequence::define_gucs();
     walbuf::define_gucs();
     loss::define_gucs();
+    stats::define_guc();
     guc::reserve_prefix();
     shmem::register(shmem::Region { request: stats::request_shared_memory, attach: stats::attach_shared_memory });
-    shmem::register(shmem::Region {
-        request: sequence::request_shared_memory,
-        attach: sequence::attach_shared_memory,
-    });
+    shmem::register(shmem::Region { request: sequence::request_shared_memory, attach: sequence::attach_shared_memory });
     shmem::register(shmem::Region { request: walbuf::request_shared_memory, attach: walbuf::attach_shared_memory });
     // After the WAL buffer: its restore runs before the ring is compared.
     shmem::register(shmem::Region { request: loss::request_shared_memory, attach: loss::attach_shared_memory });

@@ -1,11 +1,14 @@
 //! Cumulative per-database counters in shared memory.
 //!
-//! One fixed slot per database, claimed lock-free on first use and kept until
-//! the server restarts (like pg_stat_statements, the counters are not written
-//! to disk). Each backend counts into a slot of its own (indexed by its
-//! backend number, on a cache line of its own) tagged with its database, so
-//! that concurrent commits never contend on one counter; a read sums the
-//! database's slot and the backend slots tagged with it. A backend number
+//! One slot per database (delayed_durability.max_databases of them),
+//! claimed lock-free on first use and kept until the server restarts or the
+//! database is dropped (like pg_stat_statements, the counters are not
+//! written to disk). When every slot is taken, the slots of dropped
+//! databases are freed before a new one is claimed. Each backend counts
+//! into a slot of its own (indexed by its backend number, on a cache line
+//! of its own) tagged with its database, so that concurrent commits never
+//! contend on one counter; a read sums the database's slot and the backend
+//! slots tagged with it. A backend number
 //! reused for another database first moves the old counts into their
 //! database's slot. The commit path takes no lock.
 
@@ -13,8 +16,27 @@ use pgrx::prelude::*;
 use std::cell::Cell;
 use std::sync::atomic::{AtomicI64, AtomicU32, AtomicU64, Ordering};
 
-/// Databases beyond this many get no row (documented in README).
-const MAX_DATABASES: usize = 1024;
+/// Database slots (delayed_durability.max_databases): when every slot
+/// belongs to an existing database, a further database is not counted.
+pub static MAX_DATABASES: pgrx::GucSetting<i32> = pgrx::GucSetting::<i32>::new(1024);
+
+pub fn define_guc() {
+    pgrx::GucRegistry::define_int_guc(
+        c"delayed_durability.max_databases",
+        c"Databases whose counters are kept in delayed_durability_stats.",
+        c"One slot of about 128 bytes each in shared memory; the slots of dropped databases are \
+reused. Databases beyond this many at once are not counted.",
+        &MAX_DATABASES,
+        8,
+        1 << 20,
+        pgrx::GucContext::Postmaster,
+        pgrx::GucFlags::default(),
+    );
+}
+
+fn database_slot_count() -> usize {
+    MAX_DATABASES.get().max(1) as usize
+}
 
 #[derive(Clone, Copy)]
 #[repr(usize)]
@@ -41,11 +63,6 @@ struct DatabaseSlot {
     stats_reset: AtomicI64,
 }
 
-#[repr(C)]
-struct SharedStats {
-    slots: [DatabaseSlot; MAX_DATABASES],
-}
-
 /// One backend's counts, on cache lines no other backend writes.
 #[repr(C, align(128))]
 struct BackendSlot {
@@ -55,7 +72,9 @@ struct BackendSlot {
 }
 
 struct BackendLocal {
-    shared: Cell<*mut SharedStats>,
+    /// The database slots and their number (max_databases).
+    shared: Cell<*mut DatabaseSlot>,
+    shared_count: Cell<usize>,
     /// The per-backend slots and their number (MaxBackends).
     backends: Cell<*mut BackendSlot>,
     backend_count: Cell<usize>,
@@ -66,17 +85,22 @@ struct BackendLocal {
     pending: [Cell<u64>; COUNTERS],
     /// Some pending count is not zero: most transactions have none.
     any_pending: Cell<bool>,
+    /// This backend found every slot taken and freed those of dropped
+    /// databases once; it does not scan again.
+    reclaim_tried: Cell<bool>,
 }
 // SAFETY: a PostgreSQL backend runs this code on one thread only.
 unsafe impl Sync for BackendLocal {}
 static LOCAL: BackendLocal = BackendLocal {
     shared: Cell::new(std::ptr::null_mut()),
+    shared_count: Cell::new(0),
     backends: Cell::new(std::ptr::null_mut()),
     backend_count: Cell::new(0),
     my_slot: Cell::new(None),
     my_backend_slot: Cell::new(None),
     pending: [const { Cell::new(0) }; COUNTERS],
     any_pending: Cell::new(false),
+    reclaim_tried: Cell::new(false),
 };
 
 fn max_backends() -> usize {
@@ -92,22 +116,20 @@ fn max_backends() -> usize {
 }
 
 pub fn request_shared_memory() {
-    let size = std::mem::size_of::<SharedStats>() + max_backends() * std::mem::size_of::<BackendSlot>();
+    let size = database_slot_count() * std::mem::size_of::<DatabaseSlot>()
+        + max_backends() * std::mem::size_of::<BackendSlot>();
     // SAFETY: called from the shared-memory request hook (shmem.rs).
     unsafe { pg_sys::RequestAddinShmemSpace(size) };
 }
 
 pub fn attach_shared_memory() {
-    let ptr = crate::shmem::init_struct(
-        c"delayed_durability statistics",
-        std::mem::size_of::<SharedStats>(),
-    );
-    LOCAL.shared.set(ptr as *mut SharedStats);
+    let count = database_slot_count();
+    let ptr = crate::shmem::init_struct(c"delayed_durability statistics", count * std::mem::size_of::<DatabaseSlot>());
+    LOCAL.shared.set(ptr as *mut DatabaseSlot);
+    LOCAL.shared_count.set(count);
     let n = max_backends();
-    let backends = crate::shmem::init_struct(
-        c"delayed_durability statistics per backend",
-        n * std::mem::size_of::<BackendSlot>(),
-    );
+    let backends =
+        crate::shmem::init_struct(c"delayed_durability statistics per backend", n * std::mem::size_of::<BackendSlot>());
     LOCAL.backends.set(backends as *mut BackendSlot);
     LOCAL.backend_count.set(n);
 }
@@ -145,7 +167,7 @@ fn my_backend_slot() -> Option<&'static BackendSlot> {
     let slot = backend_slots().get(backend_index()?)?;
     let previous = slot.datid.load(Ordering::Acquire);
     if previous != datid {
-        let owner = shared().and_then(|s| s.slots.iter().find(|d| previous != 0 && d.datid.load(Ordering::Acquire) == previous));
+        let owner = database_slots().iter().find(|d| previous != 0 && d.datid.load(Ordering::Acquire) == previous);
         for (i, counter) in slot.counters.iter().enumerate() {
             let n = counter.swap(0, Ordering::AcqRel);
             if let Some(owner) = owner {
@@ -171,17 +193,21 @@ fn total(db: &DatabaseSlot, counter: Counter) -> u64 {
             .sum::<u64>()
 }
 
-fn shared() -> Option<&'static SharedStats> {
+fn database_slots() -> &'static [DatabaseSlot] {
     let ptr = LOCAL.shared.get();
-    // SAFETY: set once at shared memory startup, valid for the server's life.
-    unsafe { ptr.as_ref() }
+    if ptr.is_null() {
+        return &[];
+    }
+    // SAFETY: shared_count slots, zeroed at startup, valid for the server's
+    // life; every field is atomic.
+    unsafe { std::slice::from_raw_parts(ptr, LOCAL.shared_count.get()) }
 }
 
 /// This backend's database slot, claimed on first use.
 fn my_slot() -> Option<&'static DatabaseSlot> {
-    let shared = shared()?;
+    let slots = database_slots();
     if let Some(i) = LOCAL.my_slot.get() {
-        return Some(&shared.slots[i]);
+        return Some(&slots[i]);
     }
     // SAFETY: MyDatabaseId is set once the backend is connected.
     let datid = unsafe { pg_sys::MyDatabaseId }.to_u32();
@@ -190,11 +216,8 @@ fn my_slot() -> Option<&'static DatabaseSlot> {
     }
     // Every backend scans in the same order and claims the first free slot,
     // so two racing backends of one database settle on the same slot.
-    for (i, slot) in shared.slots.iter().enumerate() {
-        let owner = match slot
-            .datid
-            .compare_exchange(0, datid, Ordering::AcqRel, Ordering::Acquire)
-        {
+    for (i, slot) in slots.iter().enumerate() {
+        let owner = match slot.datid.compare_exchange(0, datid, Ordering::AcqRel, Ordering::Acquire) {
             Ok(_) => {
                 slot.stats_reset.store(now(), Ordering::Relaxed);
                 datid
@@ -207,6 +230,51 @@ fn my_slot() -> Option<&'static DatabaseSlot> {
         }
     }
     None
+}
+
+/// At pre-commit, while catalogs can still be read: makes sure this
+/// backend has its database's slot before the commit callbacks count into
+/// it, freeing the slots of dropped databases when every slot is taken.
+pub fn bind_database_slot() {
+    if LOCAL.my_slot.get().is_some() || my_slot().is_some() || LOCAL.reclaim_tried.replace(true) {
+        return;
+    }
+    // SAFETY: MyDatabaseId is set once the backend is connected.
+    if unsafe { pg_sys::MyDatabaseId } == pg_sys::InvalidOid {
+        return;
+    }
+    free_slots_of_dropped_databases();
+    let _ = my_slot();
+}
+
+fn free_slots_of_dropped_databases() {
+    for slot in database_slots() {
+        let datid = slot.datid.load(Ordering::Acquire);
+        if datid == 0 || database_exists(datid) {
+            continue;
+        }
+        // Nobody counts into it any more: no backend is connected to a
+        // dropped database. Zeroed before it is freed, so that its next
+        // owner starts from nothing.
+        for counter in &slot.counters {
+            counter.store(0, Ordering::Relaxed);
+        }
+        let _ = slot.datid.compare_exchange(datid, 0, Ordering::AcqRel, Ordering::Relaxed);
+    }
+}
+
+fn database_exists(datid: u32) -> bool {
+    // SAFETY: a syscache probe of the shared catalog pg_database, inside a
+    // transaction; pgrx guards the call.
+    unsafe {
+        pg_sys::SearchSysCacheExists(
+            pg_sys::SysCacheIdentifier::DATABASEOID as i32,
+            pg_sys::Datum::from(pg_sys::Oid::from(datid)),
+            pg_sys::Datum::from(0),
+            pg_sys::Datum::from(0),
+            pg_sys::Datum::from(0),
+        )
+    }
 }
 
 /// The current time as a PostgreSQL timestamp (microseconds).
@@ -280,33 +348,28 @@ fn delayed_durability_stats_per_database() -> TableIterator<
 > {
     crate::preload::require_preloaded();
     flush_pending();
-    let rows: Vec<_> = shared()
-        .map(|s| {
-            s.slots
-                .iter()
-                .filter(|slot| slot.datid.load(Ordering::Acquire) != 0)
-                .map(|slot| {
-                    let c = |k: Counter| total(slot, k) as i64;
-                    (
-                        pg_sys::Oid::from(slot.datid.load(Ordering::Relaxed)),
-                        c(Counter::CommitsDurable),
-                        c(Counter::CommitsDelayed),
-                        c(Counter::DelayedRequestsIgnored),
-                        c(Counter::CommitsForcedDurable),
-                        c(Counter::FlushLogCalls),
-                        c(Counter::SequenceValues),
-                        c(Counter::SequenceRecoveryWrites),
-                        c(Counter::SequenceFlushes),
-                        c(Counter::CommitsBudgetFlushed),
-                        c(Counter::CommitsDurableByTable),
-                        c(Counter::CommitsDelayedByTable),
-                        TimestampWithTimeZone::try_from(slot.stats_reset.load(Ordering::Relaxed))
-                            .ok(),
-                    )
-                })
-                .collect()
+    let rows: Vec<_> = database_slots()
+        .iter()
+        .filter(|slot| slot.datid.load(Ordering::Acquire) != 0)
+        .map(|slot| {
+            let c = |k: Counter| total(slot, k) as i64;
+            (
+                pg_sys::Oid::from(slot.datid.load(Ordering::Relaxed)),
+                c(Counter::CommitsDurable),
+                c(Counter::CommitsDelayed),
+                c(Counter::DelayedRequestsIgnored),
+                c(Counter::CommitsForcedDurable),
+                c(Counter::FlushLogCalls),
+                c(Counter::SequenceValues),
+                c(Counter::SequenceRecoveryWrites),
+                c(Counter::SequenceFlushes),
+                c(Counter::CommitsBudgetFlushed),
+                c(Counter::CommitsDurableByTable),
+                c(Counter::CommitsDelayedByTable),
+                TimestampWithTimeZone::try_from(slot.stats_reset.load(Ordering::Relaxed)).ok(),
+            )
         })
-        .unwrap_or_default();
+        .collect();
     TableIterator::new(rows)
 }
 
@@ -322,17 +385,11 @@ fn delayed_durability_stats_reset() {
             counter.store(0, Ordering::Relaxed);
         }
     }
-    if let Some(s) = shared() {
-        let reset_at = now();
-        for slot in s
-            .slots
-            .iter()
-            .filter(|slot| slot.datid.load(Ordering::Acquire) != 0)
-        {
-            for counter in &slot.counters {
-                counter.store(0, Ordering::Relaxed);
-            }
-            slot.stats_reset.store(reset_at, Ordering::Relaxed);
+    let reset_at = now();
+    for slot in database_slots().iter().filter(|slot| slot.datid.load(Ordering::Acquire) != 0) {
+        for counter in &slot.counters {
+            counter.store(0, Ordering::Relaxed);
         }
+        slot.stats_reset.store(reset_at, Ordering::Relaxed);
     }
 }

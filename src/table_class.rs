@@ -82,6 +82,9 @@ struct Cache {
     /// Read in the current transaction (possibly with its own uncommitted
     /// changes: an abort after pre-commit must not keep them).
     loaded_in_transaction: Cell<bool>,
+    /// An invalidation of the marker relation (or of everything) arrived
+    /// since this was last cleared (see commit_prepared_completed).
+    marker_seen: Cell<bool>,
 }
 // SAFETY: a PostgreSQL backend runs this code on one thread only.
 unsafe impl Sync for Cache {}
@@ -96,6 +99,7 @@ static CACHE: Cache = Cache {
     any_durable: Cell::new(false),
     loading: Cell::new(false),
     loaded_in_transaction: Cell::new(false),
+    marker_seen: Cell::new(false),
 };
 
 // Called through pg_guard_ffi_boundary where they can raise an error.
@@ -118,17 +122,18 @@ pub fn request_shared_memory() {
 }
 
 pub fn attach_shared_memory() {
-    let ptr = crate::shmem::init_struct(
-        c"delayed_durability table classes",
-        std::mem::size_of::<SharedGeneration>(),
-    );
+    let ptr = crate::shmem::init_struct(c"delayed_durability table classes", std::mem::size_of::<SharedGeneration>());
     CACHE.shared.set(ptr as *const SharedGeneration);
 }
 
 fn shared_generation() -> u64 {
     let ptr = CACHE.shared.get();
     // SAFETY: zeroed at startup, valid for the server's life; atomic.
-    if ptr.is_null() { 0 } else { unsafe { (*ptr).generation.load(Ordering::Acquire) } }
+    if ptr.is_null() {
+        0
+    } else {
+        unsafe { (*ptr).generation.load(Ordering::Acquire) }
+    }
 }
 
 pub fn register_callbacks() {
@@ -145,6 +150,9 @@ const MARKER_RELATION: pg_sys::Oid = pg_sys::Oid::from_u32(2609);
 /// Relcache invalidation: marks the map stale when it concerns it. Raises
 /// nothing (it runs wherever invalidations are processed).
 unsafe extern "C-unwind" fn relation_changed(_arg: pg_sys::Datum, relid: pg_sys::Oid) {
+    if relid == MARKER_RELATION || relid == pg_sys::InvalidOid {
+        CACHE.marker_seen.set(true);
+    }
     let concerns_map = CACHE.loading.get()
         || relid == pg_sys::InvalidOid
         || relid == MARKER_RELATION
@@ -184,8 +192,9 @@ fn read_classes() -> bool {
         }
         if n > 0 {
             // SAFETY: the C function returned n valid entries in each array.
-            let (relids, codes) =
-                unsafe { (std::slice::from_raw_parts(relids, n as usize), std::slice::from_raw_parts(codes, n as usize)) };
+            let (relids, codes) = unsafe {
+                (std::slice::from_raw_parts(relids, n as usize), std::slice::from_raw_parts(codes, n as usize))
+            };
             // A later pair overrides an earlier one (nearer partition ancestor).
             for (relid, code) in relids.iter().zip(codes) {
                 let code = *code as u8;
@@ -239,12 +248,19 @@ pub struct Modified {
 
 const UNKNOWN: Modified = Modified { durable: true, only_delayed: false };
 
-/// COMMIT PREPARED of a transaction that may have changed classes: its
-/// invalidations are sent, but its backend's flag went with PREPARE; the
-/// generation is bumped at this commit instead (one more read of the
-/// classes per backend).
-pub fn note_commit_prepared() {
-    CACHE.changed_in_transaction.set(true);
+/// After a COMMIT PREPARED completed: the prepared transaction's
+/// invalidations are in the shared queue, but its backend's flag went with
+/// PREPARE. Reading the queue now tells whether they include the marker
+/// relation's, i.e. whether the prepared transaction changed classes; only
+/// then is the generation bumped at this commit (a 2PC workload that
+/// changes no class makes no backend read the classes again).
+pub fn commit_prepared_completed() {
+    CACHE.marker_seen.set(false);
+    // SAFETY: what any lock acquisition does; pgrx guards pg_sys calls.
+    unsafe { pg_sys::AcceptInvalidationMessages() };
+    if CACHE.marker_seen.get() {
+        CACHE.changed_in_transaction.set(true);
+    }
 }
 
 /// At pre-commit of a transaction that has an xid.
@@ -325,11 +341,7 @@ AS 'MODULE_PATHNAME', '@FUNCTION_NAME@';
 )]
 fn delayed_durability_set_table_class(tbl: Option<pg_sys::Oid>, class: Option<&str>) {
     let Some(relid) = tbl else {
-        ereport!(
-            PgLogLevel::ERROR,
-            PgSqlErrorCode::ERRCODE_NULL_VALUE_NOT_ALLOWED,
-            "the table must not be NULL"
-        );
+        ereport!(PgLogLevel::ERROR, PgSqlErrorCode::ERRCODE_NULL_VALUE_NOT_ALLOWED, "the table must not be NULL");
         unreachable!()
     };
     let class: Option<&std::ffi::CStr> = match class {
@@ -371,7 +383,7 @@ fn delayed_durability_table_classes_changed() {
     // A class is a durability promise: its change must survive a crash
     // (and reach a synchronous standby) whatever the policy of the commit
     // that makes it, or a durable table could silently become unclassified.
-    crate::commit::require_durable_commit();
+    crate::commit_requests::require_durable_commit();
     // Announced at commit (at_transaction_end).
     CACHE.changed_in_transaction.set(true);
     // Also a transactional invalidation of the marker relation's relcache

@@ -36,4 +36,20 @@ power_cut($node);
 is(rows_in($node, 'shop_durable', 'true'), 50, 'shop_durable: all commits survive a power cut');
 
 $node->stop;
+
+# Slots of dropped databases are reused: with 8 slots, a CI that creates and
+# drops more databases than that still counts the new ones.
+my $few = new_dd_node('few_slots', conf => "delayed_durability.max_databases = 8\n");
+for my $i (1 .. 12)
+{
+	$few->safe_psql('postgres', "CREATE DATABASE tmp_$i");
+	$few->safe_psql("tmp_$i", 'CREATE TABLE t (i int); INSERT INTO t VALUES (1)');
+	$few->safe_psql('postgres', "DROP DATABASE tmp_$i");
+}
+$few->safe_psql('postgres', 'CREATE DATABASE after_drops');
+$few->safe_psql('after_drops', 'CREATE TABLE t (i int); INSERT INTO t VALUES (1); INSERT INTO t VALUES (2)');
+cmp_ok($few->safe_psql('postgres', "SELECT commits_durable FROM delayed_durability_stats WHERE datname = 'after_drops'"),
+	'>=', 3, 'a database created after more drops than slots is counted');
+is($few->safe_psql('postgres', 'SHOW delayed_durability.max_databases'), '8', 'max_databases in effect');
+$few->stop;
 done_testing();

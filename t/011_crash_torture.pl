@@ -1,5 +1,6 @@
 # Crash torture: concurrent clients commit durable, delayed (allowed +
-# commit_delayed(), forced), two-phase and flush_log() work, plus
+# commit_delayed(), forced, forced after a caught failing statement),
+# two-phase and flush_log() work, plus
 # cached_nextval() and, in the forced database, commits made durable by a
 # table of class durable; at a random moment every server process is killed, and
 # half of the time a power cut is simulated by zeroing every WAL byte after
@@ -136,6 +137,19 @@ sub client_script
 				# durable, in this forced database.
 				$s .= txn_sql($client, $txn, 0, "INSERT INTO payments_ VALUES ($client, $txn);\n")
 				  . "SELECT 'ack durable $txn ' || pg_current_wal_flush_lsn();\n";
+			}
+			elsif ($dice < 0.35)
+			{
+				# A statement whose commit PostgreSQL would flush fails and is
+				# caught before the commit: the commit stays delayed, recorded
+				# and within the budget (no flag may survive the failure).
+				my $failing = (
+					'DROP DATABASE IF EXISTS dd_never', "COMMIT PREPARED ''dd_never''",
+					'CREATE DATABASE dd_never',         'DROP TABLESPACE IF EXISTS dd_never'
+				)[ int(rand(4)) ];
+				$s .= txn_sql($client, $txn, 0,
+					"DO \$\$ BEGIN EXECUTE '$failing'; EXCEPTION WHEN others THEN NULL; END \$\$;\n")
+				  . "SELECT 'ack delayed $txn ' || pg_current_wal_insert_lsn() || ' ' || last_commit_lsn() || ' ' || is_durable(last_commit_lsn());\n";
 			}
 			else
 			{

@@ -113,6 +113,31 @@ $bg->query_safe('BEGIN; INSERT INTO orders VALUES (4)');
 $node->safe_psql('web', "SELECT delayed_durability_set_table_class('orders', 'durable')");
 $bg->query_safe('COMMIT');
 is($bg->query_safe('SELECT flushed()'), 't', 'another session: a class set during an open transaction applies to its commit');
+
+# COMMIT PREPARED makes other sessions read the classes again only when the
+# prepared transaction changed one. Each read of the classes is a scan of
+# the configuration table, counted in pg_stat_user_tables by the session
+# that makes it.
+sub config_scans
+{
+	$bg->query_safe('SELECT pg_stat_force_next_flush()');
+	$bg->query_safe('SELECT 1');
+	return $node->safe_psql('web',
+		"SELECT seq_scan FROM pg_stat_user_tables WHERE relid = 'delayed_durability_table_class_config'::regclass");
+}
+$bg->query_safe('INSERT INTO orders VALUES (5)');
+my $scans = config_scans();
+$node->safe_psql('web', "BEGIN; INSERT INTO clicks VALUES (1, '/2pc'); PREPARE TRANSACTION 'no_class'");
+$node->safe_psql('web', "COMMIT PREPARED 'no_class'");
+$bg->query_safe('INSERT INTO orders VALUES (6)');
+is(config_scans() - $scans, 0, 'COMMIT PREPARED of a transaction that changed no class: no session reads the classes again');
+$scans = config_scans();
+$node->safe_psql('web', "CREATE TABLE refunds (id int); BEGIN; SELECT delayed_durability_set_table_class('refunds', 'durable'); PREPARE TRANSACTION 'with_class'");
+$node->safe_psql('web', "COMMIT PREPARED 'with_class'");
+$bg->query_safe('BEGIN; INSERT INTO refunds VALUES (1)');
+$bg->query_safe('COMMIT');
+is($bg->query_safe('SELECT flushed()'), 't', 'COMMIT PREPARED of a class change: applies to the next commit of another session');
+cmp_ok(config_scans() - $scans, '>=', 1, 'and that session read the classes again');
 $bg->quit;
 
 # DROP EXTENSION with classes set: commits go on, following the mode.
@@ -134,7 +159,7 @@ $node->command_ok([ 'pg_dump', '-Fc', '-f', $dump, '-d', $node->connstr('web') ]
 $node->safe_psql('postgres', 'CREATE DATABASE web_restored TEMPLATE template0');
 $node->command_ok([ 'pg_restore', '-d', $node->connstr('web_restored'), $dump ], 'pg_restore');
 is($node->safe_psql('web_restored', 'SELECT "table", class FROM delayed_durability_table_classes ORDER BY 1'),
-	"clicks|delayed\norders|durable\npayments|durable", 'the restored database has the classes');
+	"clicks|delayed\norders|durable\npayments|durable\nrefunds|durable", 'the restored database has the classes');
 # (the first SELECT warms the new database's catalog caches: setting hint
 # bits writes WAL with wal_log_hints, which would land after the commit)
 like($node->safe_psql('web_restored', q{SELECT flushed() IS NOT NULL FROM delayed_durability_stats LIMIT 1;

@@ -14,7 +14,8 @@ use Time::HiRes qw(usleep);
 
 our @EXPORT = qw(new_dd_node commits_with_check count_true rows_in lsn_to_int
   kill_everything zero_wal_after settle_wal_writer pg_wal_digest power_cut
-  start_fsync_trace stop_fsync_trace zero_unsynced_wal);
+  start_fsync_trace stop_fsync_trace zero_unsynced_wal pause_wal_writer resume_wal_writer
+  xids_from_notices);
 
 # fsync is on (the test framework turns it off by default): WAL fsyncs are
 # what is measured. The WAL writer flushes at most every wal_writer_delay (10s, its maximum)
@@ -247,6 +248,38 @@ sub zero_unsynced_wal
 	return ($zeroed, $lowest);
 }
 
+# Stops the WAL writer (SIGSTOP) so that nothing flushes WAL in the
+# background while a test reads positions: a commit found flushed then was
+# flushed by a backend. resume_wal_writer() before stopping the node.
+sub pause_wal_writer
+{
+	my ($node) = @_;
+	my $pid = $node->safe_psql('postgres', "SELECT pid FROM pg_stat_activity WHERE backend_type = 'walwriter'");
+	die 'no WAL writer' unless $pid =~ /^\d+$/;
+	kill 'STOP', $pid or die "SIGSTOP $pid: $!";
+	# Stopped, not merely asked to: its state letter says so.
+	for (1 .. 500)
+	{
+		my $stat = slurp_file("/proc/$pid/stat");
+		return $pid if $stat =~ /^\d+ \(.*\) T /;
+		usleep(2_000);
+	}
+	die "the WAL writer $pid did not stop";
+}
+
+sub resume_wal_writer
+{
+	my ($pid) = @_;
+	kill 'CONT', $pid;
+}
+
+# The "xid=N" notices a client printed, in order.
+sub xids_from_notices
+{
+	my ($stderr) = @_;
+	return $stderr =~ /xid=(\d+)/g;
+}
+
 sub count_true { my $n = 0; $n += $_ for @_; return $n; }
 
 sub rows_in
@@ -272,8 +305,10 @@ sub kill_everything
 		usleep(10_000);
 	}
 	# A kill -9'ed postmaster leaves its pid file; the test framework must
-	# see the node as down.
+	# see the node as down. It also leaves its socket's lock file, which
+	# stops the next start if another process got the dead postmaster's pid.
 	unlink $node->data_dir . '/postmaster.pid';
+	unlink $node->host . '/.s.PGSQL.' . $node->port . '.lock' if $node->host =~ m{^/};
 	$node->_update_pid(0);
 }
 

@@ -5,16 +5,16 @@
  * hook. Its errors must reach PostgreSQL exactly as raised: with the cursor
  * position, CONTEXT lines and schema/table/constraint names that drivers and
  * PL/pgSQL handlers read. A Rust frame here would catch the error and raise
- * a copy with fewer fields, so the trampoline is C and only asks Rust, before
- * running the statement, to note what it needs; that Rust function reads the
- * parse tree and raises nothing.
+ * a copy with fewer fields, so the trampoline is C and only tells Rust, once
+ * the statement completed, what ran. Nothing is noted before a statement
+ * runs: a statement that fails (and whose error a PL/pgSQL handler or
+ * psql's ON_ERROR_ROLLBACK catches) must leave nothing behind.
  */
 #include "postgres.h"
 
 #include "tcop/utility.h"
 
-/* src/commit.rs; neither raises an error */
-extern void dd_note_utility_statement(Node *stmt);
+/* src/commit.rs */
 extern void dd_after_utility_statement(Node *stmt);
 
 static ProcessUtility_hook_type prev_process_utility = NULL;
@@ -30,8 +30,6 @@ dd_process_utility(PlannedStmt *pstmt, const char *queryString,
 {
 	Node	   *stmt = pstmt->utilityStmt;
 
-	dd_note_utility_statement(stmt);
-
 	if (prev_process_utility)
 		prev_process_utility(pstmt, queryString,
 #if PG_VERSION_NUM >= 140000
@@ -45,7 +43,7 @@ dd_process_utility(PlannedStmt *pstmt, const char *queryString,
 #endif
 								context, params, queryEnv, dest, qc);
 
-	/* Only once the statement succeeded (DISCARD fails in a transaction block). */
+	/* Only once the statement completed without error. */
 	dd_after_utility_statement(stmt);
 }
 

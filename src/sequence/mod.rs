@@ -128,7 +128,7 @@ fn claim_block(rel: pg_sys::Relation, options: &Options, slot: &mut slots::Slot)
         // transaction commits: flushing it now protects nothing. Make the
         // commit itself durable instead, so that no value handed out here
         // is handed out again once the commit has been acknowledged.
-        crate::commit::require_durable_commit();
+        crate::commit_requests::require_durable_commit();
     } else if written.needs_wal {
         // SAFETY: record_end is the end of the WAL record just inserted.
         unsafe { pg_sys::XLogFlush(record_end) };
