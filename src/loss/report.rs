@@ -21,6 +21,7 @@ use crate::walbuf::pmem;
 use pgrx::bgworkers::{BackgroundWorker, BackgroundWorkerBuilder, BgWorkerStartTime, SignalWakeFlags};
 use pgrx::pg_sys;
 use pgrx::prelude::*;
+use std::cell::{Cell, RefCell};
 use std::ffi::CString;
 use std::fmt::Write as _;
 use std::io::Write as _;
@@ -32,7 +33,7 @@ const PENDING_FILE: &str = "delayed_durability/pending";
 const REPORT_FILE: &str = "delayed_durability/lost";
 
 /// How exact the comparison after a crash can be.
-#[derive(Clone, Copy, PartialEq, Debug)]
+#[derive(Clone, PartialEq, Debug)]
 enum Status {
     Exact,
     /// The machine restarted and the ring was not on persistent memory.
@@ -43,41 +44,56 @@ enum Status {
     UnknownSecondCrash,
     /// A slot was being replaced at the crash.
     UnknownTorn,
+    /// The record was not kept during the run that crashed (it could not
+    /// be created or written), or its file was missing, damaged or another
+    /// cluster's when the server started after the crash: why.
+    UnknownNoRecord(String),
 }
 
 impl Status {
-    fn name(self) -> &'static str {
+    fn name(&self) -> &'static str {
         match self {
             Status::Exact => "exact",
             Status::UnknownRestart => "unknown-restart",
             Status::UnknownIncomplete => "unknown-incomplete",
             Status::UnknownSecondCrash => "unknown-second-crash",
             Status::UnknownTorn => "unknown-torn",
+            Status::UnknownNoRecord(_) => "unknown-no-record",
         }
     }
 
-    fn parse(s: &str) -> Status {
+    fn reason(&self) -> &str {
+        match self {
+            Status::UnknownNoRecord(why) => why,
+            _ => "",
+        }
+    }
+
+    fn parse(s: &str, reason: &str) -> Status {
         match s {
             "exact" => Status::Exact,
             "unknown-restart" => Status::UnknownRestart,
             "unknown-incomplete" => Status::UnknownIncomplete,
             "unknown-torn" => Status::UnknownTorn,
+            "unknown-no-record" => Status::UnknownNoRecord(reason.to_string()),
             _ => Status::UnknownSecondCrash,
         }
     }
 
-    fn why_unknown(self) -> &'static str {
+    fn why_unknown(&self) -> String {
         match self {
-            Status::Exact => "",
+            Status::Exact => String::new(),
             Status::UnknownRestart => {
                 "the record of acknowledged commits did not survive the operating-system restart \
 (it is not on persistent memory)"
+                    .into()
             }
             Status::UnknownIncomplete => {
-                "delayed commits were acknowledged while delayed_durability.track_lost_commits was off"
+                "delayed commits were acknowledged while delayed_durability.track_lost_commits was off".into()
             }
-            Status::UnknownSecondCrash => "another crash came before the record of this one was compared",
-            Status::UnknownTorn => "an entry of the record was being replaced at the crash",
+            Status::UnknownSecondCrash => "another crash came before the record of this one was compared".into(),
+            Status::UnknownTorn => "an entry of the record was being replaced at the crash".into(),
+            Status::UnknownNoRecord(why) => why.clone(),
         }
     }
 }
@@ -128,18 +144,40 @@ fn sync_dir() -> std::io::Result<()> {
     std::fs::File::open(DIR)?.sync_all()
 }
 
+/// Postmaster memory, inherited by every child it forks.
+struct PostmasterState {
+    /// open() ran before: the next call is for a crash restart.
+    started: Cell<bool>,
+    /// Why the run now going on keeps no record (None while it keeps one).
+    record_off: RefCell<Option<String>>,
+    /// Crashes known to be unreported whose row could not be written to
+    /// `pending` (the directory is not writable): shown by the views from
+    /// memory and written at the next start or crash that can.
+    unwritten: RefCell<Vec<(i64, String)>>,
+}
+// SAFETY: the postmaster and each child run this code on one thread only.
+unsafe impl Sync for PostmasterState {}
+static POSTMASTER: PostmasterState =
+    PostmasterState { started: Cell::new(false), record_off: RefCell::new(None), unwritten: RefCell::new(Vec::new()) };
+
 /// In the postmaster, at first start and after every crash of a child:
 /// keeps what the ring says about a crash in `pending`, then starts a fresh
-/// ring. Returns None (and warns) when the ring cannot be opened; the
-/// server then runs without the record.
+/// ring. A crash is never left unreported: when the ring was not kept, or
+/// its file is missing, damaged or another cluster's after a crash, an
+/// "unknown" row says why. Returns None (and warns) when no ring can be
+/// made; the server then runs without the record (a time budget then
+/// flushes every delayed commit), and the next crash is reported unknown.
 pub fn open_ring_after_startup_or_crash(current: Option<Ring>) -> Option<Ring> {
-    match open(current) {
-        Ok(ring) => Some(ring),
+    let crash_restart = POSTMASTER.started.replace(true);
+    let result = open(current, crash_restart);
+    match &result {
+        Ok(_) => *POSTMASTER.record_off.borrow_mut() = None,
         Err(e) => {
             pgrx::warning!("delayed_durability: no record of acknowledged delayed commits: {e}");
-            None
+            *POSTMASTER.record_off.borrow_mut() = Some(format!("the record could not be kept: {e}"));
         }
     }
+    result.ok()
 }
 
 /// The ring's file: on persistent memory next to the WAL buffer when there
@@ -152,27 +190,58 @@ fn ring_paths() -> (CString, Option<CString>) {
     }
 }
 
-fn map_existing(path: &CString) -> Result<Option<Ring>, String> {
-    let shown = path.to_string_lossy();
-    if !Path::new(&*shown).exists() {
-        return Ok(None);
-    }
-    let map = pmem::map(path, None).map_err(|e| format!("could not map \"{shown}\": {e}"))?;
-    let ring = Ring::new(map);
-    if ring.is_none() {
-        pgrx::warning!("delayed_durability: \"{shown}\" is not a record of acknowledged commits; it is replaced");
-        map.unmap();
-    }
-    Ok(ring)
+/// What was found at a ring's path.
+enum Found {
+    Missing,
+    Ring(Ring),
+    /// Unusable: why, and what could still be read of it (a truncated
+    /// file's entries).
+    Damaged(String, Option<Snapshot>),
 }
 
-fn open(current: Option<Ring>) -> Result<Ring, String> {
+fn map_existing(path: &CString) -> Found {
+    let shown = path.to_string_lossy();
+    match std::fs::metadata(&*shown) {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Found::Missing,
+        Err(e) => return Found::Damaged(format!("the record file \"{shown}\" could not be read: {e}"), None),
+        Ok(m) if (m.len() as usize) < ring::HEADER_LEN => {
+            return Found::Damaged(format!("the record file \"{shown}\" was too short ({} bytes)", m.len()), None)
+        }
+        Ok(_) => {}
+    }
+    let map = match pmem::map(path, None) {
+        Ok(map) => map,
+        Err(e) => return Found::Damaged(format!("the record file \"{shown}\" could not be mapped: {e}"), None),
+    };
+    match Ring::new(map) {
+        Ok(ring) => Found::Ring(ring),
+        Err(damage) => {
+            let salvaged = Ring::salvage(map).map(|r| r.snapshot());
+            map.unmap();
+            Found::Damaged(format!("the record file \"{shown}\" {damage}"), salvaged)
+        }
+    }
+}
+
+/// Moves a damaged record aside (kept for inspection as `<file>.damaged`).
+fn move_aside(path: &str) {
+    let aside = format!("{path}.damaged");
+    if std::fs::rename(path, &aside).is_ok() {
+        pgrx::warning!(
+            "delayed_durability: the damaged record of acknowledged delayed commits was moved to \"{aside}\""
+        );
+    } else {
+        let _ = std::fs::remove_file(path);
+    }
+}
+
+fn open(current: Option<Ring>, crash_restart: bool) -> Result<Ring, String> {
     if !Path::new(DIR).exists() {
+        // Never ran here before: there is no record to miss.
         std::fs::create_dir_all(DIR).map_err(|e| format!("could not create directory \"{DIR}\": {e}"))?;
         let _ = std::fs::File::open(".").and_then(|d| d.sync_all());
     }
     let control = read_control_file()?;
-    let crash_restart = current.is_some();
     if !crash_restart && starts_from_backup_or_in_recovery() {
         // A copy of another server's directory: what it was about to compare
         // belongs to that server's WAL.
@@ -185,29 +254,56 @@ fn open(current: Option<Ring>) -> Result<Ring, String> {
     let (path, other_place) = ring_paths();
     let on_persistent_memory = other_place.is_some();
     let shown = path.to_string_lossy().into_owned();
+    let crashed = crash_restart || !control.clean_shutdown;
     let previous = match current {
-        Some(ring) => Some(ring),
-        None => map_existing(&path)?,
-    };
-    // A crash whose record cannot be kept is logged, and the server still
-    // gets a fresh ring: a stale one would be read again at the next crash.
-    let keep = |ring: &Ring, restart: bool| {
-        if let Err(e) = note_crash(ring, &control, &boot_id, restart) {
-            pgrx::warning!("delayed_durability: the acknowledged delayed commits of the crash cannot be compared: {e}");
+        Some(ring) => Found::Ring(ring),
+        None if crash_restart => {
+            // The run that crashed kept no record.
+            let why = POSTMASTER.record_off.borrow().clone().unwrap_or_else(|| "the record was not kept".into());
+            note_unknown_crash(why);
+            Found::Missing
         }
+        None => map_existing(&path),
     };
-    if let Some(prev) = previous {
-        if crash_restart || !control.clean_shutdown {
-            keep(&prev, crash_restart);
-        }
-    }
-    // A record left in the data directory by a run without the buffer.
-    if let (false, Some(other)) = (crash_restart, other_place) {
-        if let Some(old) = map_existing(&other)? {
-            if !control.clean_shutdown {
-                keep(&old, false);
+    let previous = match previous {
+        Found::Ring(prev) => {
+            if crashed {
+                keep(&prev, &control, &boot_id, crash_restart);
             }
-            old.mapping().unmap();
+            Some(prev)
+        }
+        Found::Missing => {
+            if crashed && !crash_restart && !record_in_other_place(&other_place) {
+                note_unknown_crash(format!("the record file \"{shown}\" was missing after the crash"));
+            }
+            None
+        }
+        Found::Damaged(why, salvaged) => {
+            if crashed {
+                match salvaged {
+                    Some(snapshot) if !starts_from_backup_or_in_recovery() => write_or_remember(
+                        &snapshot,
+                        Status::UnknownNoRecord(format!("{why}; its readable entries were compared")),
+                    ),
+                    _ => note_unknown_crash(why.clone()),
+                }
+            }
+            pgrx::warning!("delayed_durability: {why}; a new record is started");
+            move_aside(&shown);
+            None
+        }
+    };
+    // A record left in the data directory by a run without the buffer.
+    if let (false, Some(other)) = (crash_restart, &other_place) {
+        match map_existing(other) {
+            Found::Ring(old) => {
+                if !control.clean_shutdown {
+                    keep(&old, &control, &boot_id, false);
+                }
+                old.mapping().unmap();
+            }
+            Found::Damaged(why, _) if !control.clean_shutdown => note_unknown_crash(why),
+            _ => {}
         }
         let _ = std::fs::remove_file(other.to_string_lossy().as_ref());
     }
@@ -221,8 +317,16 @@ fn open(current: Option<Ring>) -> Result<Ring, String> {
             pmem::map(&path, Some(ring::file_len(capacity))).map_err(|e| format!("could not map \"{shown}\": {e}"))?
         }
     };
-    let ring = Ring::format(map, capacity, control.system_id, boot_id, on_persistent_memory)
-        .map_err(|e| format!("could not write \"{shown}\": {e}"))?;
+    let ring = match Ring::format(map, capacity, control.system_id, boot_id, on_persistent_memory) {
+        Ok(ring) => ring,
+        Err(e) => {
+            // A file that is not known to be durable as an empty record must
+            // not be read as one after the next crash: it goes.
+            map.unmap();
+            let _ = std::fs::remove_file(&shown);
+            return Err(format!("could not write \"{shown}\": {e}"));
+        }
+    };
     if created {
         // The new file's directory entry, so that it is there after a machine crash.
         let dir = Path::new(&shown).parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
@@ -234,22 +338,67 @@ fn open(current: Option<Ring>) -> Result<Ring, String> {
     Ok(ring)
 }
 
+/// With the record on persistent memory, a missing file there is expected
+/// when the last run kept it in the data directory.
+fn record_in_other_place(other_place: &Option<CString>) -> bool {
+    other_place.as_ref().is_some_and(|other| Path::new(other.to_string_lossy().as_ref()).exists())
+}
+
+/// A crash whose record is compared once recovery finished.
+fn keep(ring: &Ring, control: &Control, boot_id: &[u8; ring::BOOT_ID_LEN], crash_restart: bool) {
+    note_crash(ring, control, boot_id, crash_restart);
+}
+
+/// A crash of which nothing can be compared: an "unknown" row, why.
+fn note_unknown_crash(why: String) {
+    if starts_from_backup_or_in_recovery() {
+        return;
+    }
+    let empty = Snapshot {
+        entries: Vec::new(),
+        torn: false,
+        summary: Summary::default(),
+        incomplete: false,
+        boot_id: [0; ring::BOOT_ID_LEN],
+        persistent: false,
+    };
+    write_or_remember(&empty, Status::UnknownNoRecord(why));
+}
+
+/// Writes a crash to `pending`, with the crashes that could not be written
+/// before; when that fails too, keeps them in the postmaster's memory,
+/// where the views find them.
+fn write_or_remember(snapshot: &Snapshot, status: Status) {
+    let why = match status.why_unknown() {
+        why if why.is_empty() => "the record of the crash could not be written down".to_string(),
+        why => why,
+    };
+    if let Err(e) = write_pending(snapshot, status) {
+        let why = format!("{why}; its row could not be written to \"{PENDING_FILE}\": {e}");
+        pgrx::warning!("delayed_durability: a crash cannot be compared: {why}");
+        POSTMASTER.unwritten.borrow_mut().push((crate::stats::now(), why));
+    }
+}
+
 /// A base backup (pg_basebackup, pg_rewind) or a standby: its WAL is not
 /// the one the record was written against.
 fn starts_from_backup_or_in_recovery() -> bool {
     ["backup_label", "standby.signal", "recovery.signal"].iter().any(|f| Path::new(f).exists())
 }
 
-fn note_crash(prev: &Ring, control: &Control, boot_id: &[u8; ring::BOOT_ID_LEN], crash_restart: bool) -> Result<(), String> {
-    if prev.system_id() != control.system_id {
-        pgrx::log!("delayed_durability: \"{RING_FILE}\" belongs to another cluster; not compared");
-        return Ok(());
-    }
+fn note_crash(prev: &Ring, control: &Control, boot_id: &[u8; ring::BOOT_ID_LEN], crash_restart: bool) {
     if starts_from_backup_or_in_recovery() {
         pgrx::log!(
             "delayed_durability: the server starts from a backup or in recovery mode; its record of acknowledged delayed commits is not compared"
         );
-        return Ok(());
+        return;
+    }
+    if prev.system_id() != control.system_id {
+        note_unknown_crash(format!(
+            "the record file belongs to another cluster (system identifier {})",
+            prev.system_id()
+        ));
+        return;
     }
     let snapshot = prev.snapshot();
     // A boot id that could not be read proves nothing: treated as changed.
@@ -264,33 +413,46 @@ fn note_crash(prev: &Ring, control: &Control, boot_id: &[u8; ring::BOOT_ID_LEN],
     } else {
         Status::Exact
     };
-    write_pending(&snapshot, status).map_err(|e| format!("could not write \"{PENDING_FILE}\": {e}"))
+    write_or_remember(&snapshot, status);
 }
 
 fn write_pending(snapshot: &Snapshot, status: Status) -> std::io::Result<()> {
     // A block still pending was never compared, and the WAL written since
     // reuses the positions past its end: it can no longer be exact.
     let mut text = String::new();
+    let mut last_id = 0;
     if let Ok(old) = std::fs::read_to_string(PENDING_FILE) {
         for line in old.lines() {
             let mut fields: Vec<&str> = line.split('\t').collect();
-            if fields.first() == Some(&"crash") && fields.len() > 2 && fields[2] == Status::Exact.name() {
-                fields[2] = Status::UnknownSecondCrash.name();
+            if fields.first() == Some(&"crash") && fields.len() > 2 {
+                last_id = last_id.max(fields[1].parse::<i64>().unwrap_or(0));
+                if fields[2] == Status::Exact.name() {
+                    fields[2] = Status::UnknownSecondCrash.name();
+                }
             }
             let _ = writeln!(text, "{}", fields.join("\t"));
         }
     }
-    let id = crate::stats::now();
+    // Crashes whose rows could not be written before come first (older).
+    let unwritten = POSTMASTER.unwritten.borrow().clone();
+    for (_, why) in &unwritten {
+        last_id += 1;
+        let _ =
+            writeln!(text, "crash\t{last_id}\tunknown-no-record\t0\t0\t0\t0\t0\t{}", why.replace(['\t', '\n'], " "));
+    }
+    // Crash ids are unique and grow, even within one microsecond.
+    let id = crate::stats::now().max(last_id + 1);
     let s = snapshot.summary;
     let _ = writeln!(
         text,
-        "crash\t{id}\t{}\t{}\t{}\t{}\t{}\t{}",
+        "crash\t{id}\t{}\t{}\t{}\t{}\t{}\t{}\t{}",
         status.name(),
         s.count,
         s.min_end,
         s.max_end,
         s.min_time,
-        s.max_time
+        s.max_time,
+        status.reason().replace(['\t', '\n'], " ")
     );
     for a in &snapshot.entries {
         let _ = writeln!(text, "ack\t{}\t{}\t{}\t{}", a.fxid, a.datid, a.commit_end, a.ack_time);
@@ -300,7 +462,9 @@ fn write_pending(snapshot: &Snapshot, status: Status) -> std::io::Result<()> {
     f.write_all(text.as_bytes())?;
     f.sync_all()?;
     std::fs::rename(&tmp, PENDING_FILE)?;
-    sync_dir()
+    sync_dir()?;
+    POSTMASTER.unwritten.borrow_mut().clear();
+    Ok(())
 }
 
 // -------------------------------------------------------------------- worker
@@ -320,7 +484,7 @@ fn parse_pending(text: &str) -> Vec<PendingCrash> {
         match f.first() {
             Some(&"crash") if f.len() >= 8 => crashes.push(PendingCrash {
                 id: n(1),
-                status: Status::parse(f[2]),
+                status: Status::parse(f[2], f.get(8).copied().unwrap_or("")),
                 summary: Summary {
                     count: n(3) as u64,
                     min_end: n(4) as u64,
@@ -332,7 +496,12 @@ fn parse_pending(text: &str) -> Vec<PendingCrash> {
             }),
             Some(&"ack") if f.len() >= 5 => {
                 if let Some(c) = crashes.last_mut() {
-                    c.entries.push(Acked { fxid: n(1) as u64, datid: n(2) as u32, commit_end: n(3) as u64, ack_time: n(4) });
+                    c.entries.push(Acked {
+                        fxid: n(1) as u64,
+                        datid: n(2) as u32,
+                        commit_end: n(3) as u64,
+                        ack_time: n(4),
+                    });
                 }
             }
             _ => {}
@@ -349,7 +518,9 @@ fn time_text(t: i64) -> String {
 /// Compares every pending crash with the end of the recovered WAL and
 /// appends the outcome to the report.
 fn compare_pending() -> std::io::Result<()> {
-    let Ok(text) = std::fs::read_to_string(PENDING_FILE) else { return Ok(()) };
+    let Ok(text) = std::fs::read_to_string(PENDING_FILE) else {
+        return Ok(());
+    };
     // SAFETY: reads shared recovery state; after crash recovery it is the
     // end of the last record replayed, i.e. of the recovered WAL.
     let recovered_end = unsafe { pg_sys::GetXLogReplayRecPtr(std::ptr::null_mut()) };
@@ -401,10 +572,8 @@ fn compare_pending() -> std::io::Result<()> {
                 lost.len()
             );
         } else if let (Some(first), Some(last)) = (lost.first(), lost.last()) {
-            let (t1, t2) = (
-                lost.iter().map(|a| a.ack_time).min().unwrap(),
-                lost.iter().map(|a| a.ack_time).max().unwrap(),
-            );
+            let (t1, t2) =
+                (lost.iter().map(|a| a.ack_time).min().unwrap(), lost.iter().map(|a| a.ack_time).max().unwrap());
             pgrx::log!(
                 "delayed_durability: {} acknowledged delayed commits were lost (LSN {}..{}, acknowledged between {} and {}){}",
                 lost.len(),
@@ -476,7 +645,9 @@ struct Report {
 
 fn read_report() -> Report {
     let mut report = Report::default();
-    let Ok(text) = std::fs::read_to_string(REPORT_FILE) else { return report };
+    let Ok(text) = std::fs::read_to_string(REPORT_FILE) else {
+        return report;
+    };
     for line in text.lines() {
         let f: Vec<&str> = line.splitn(9, '\t').collect();
         let n = |i: usize| f.get(i).and_then(|v| v.parse::<i64>().ok()).unwrap_or(0);
@@ -540,11 +711,20 @@ fn delayed_durability_crash_rows() -> TableIterator<
 > {
     crate::preload::require_preloaded();
     require_view_privilege("delayed_durability_crashes");
-    let rows: Vec<_> = read_report()
+    let mut rows: Vec<_> = read_report()
         .crashes
         .into_iter()
         .map(|c| (timestamp(c.recovered_at), c.recovered_end as i64, c.lost, c.summarized, c.exact, c.detail))
         .collect();
+    // Crashes the postmaster could not write down (it forked this backend
+    // after noting them).
+    rows.extend(
+        POSTMASTER
+            .unwritten
+            .borrow()
+            .iter()
+            .map(|(t, why)| (timestamp(*t), 0, None, 0, false, format!("unknown: {why}"))),
+    );
     TableIterator::new(rows)
 }
 

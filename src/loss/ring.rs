@@ -95,6 +95,8 @@ struct Header {
 }
 
 const ENTRIES_OFFSET: usize = std::mem::size_of::<Header>();
+/// A file shorter than this holds no header.
+pub const HEADER_LEN: usize = ENTRIES_OFFSET;
 
 pub fn file_len(capacity: u32) -> usize {
     ENTRIES_OFFSET + capacity as usize * std::mem::size_of::<Entry>()
@@ -120,17 +122,42 @@ pub struct Ring {
 }
 
 impl Ring {
-    /// A ring over a mapping of `file_len(capacity)` bytes or more.
-    pub fn new(map: Mapping) -> Option<Ring> {
+    /// A ring over a mapping of `file_len(capacity)` bytes or more; what is
+    /// wrong with it otherwise.
+    pub fn new(map: Mapping) -> Result<Ring, String> {
         let ring = Ring { map, capacity: 0 };
+        if map.len < ENTRIES_OFFSET {
+            return Err(format!("is too short ({} bytes)", map.len));
+        }
+        let h = ring.header();
+        if h.magic != MAGIC || h.version != VERSION || h.capacity == 0 {
+            return Err("is not a record of acknowledged commits (its header is not valid)".into());
+        }
+        if map.len < file_len(h.capacity) {
+            return Err(format!(
+                "is truncated ({} bytes, {} expected for {} entries)",
+                map.len,
+                file_len(h.capacity),
+                h.capacity
+            ));
+        }
+        Ok(Ring { map, capacity: h.capacity as u64 })
+    }
+
+    /// What can still be read of a truncated ring (valid header, fewer
+    /// entries than it says): the entries that are there, to be read by
+    /// snapshot() only.
+    pub fn salvage(map: Mapping) -> Option<Ring> {
         if map.len < ENTRIES_OFFSET {
             return None;
         }
-        let h = ring.header();
-        if h.magic != MAGIC || h.version != VERSION || map.len < file_len(h.capacity) || h.capacity == 0 {
+        let whole = Ring { map, capacity: 0 };
+        let h = whole.header();
+        if h.magic != MAGIC || h.version != VERSION || h.capacity == 0 {
             return None;
         }
-        Some(Ring { map, capacity: h.capacity as u64 })
+        let readable = ((map.len - ENTRIES_OFFSET) / std::mem::size_of::<Entry>()).min(h.capacity as usize);
+        Some(Ring { map, capacity: readable as u64 })
     }
 
     fn header(&self) -> &Header {
@@ -158,6 +185,11 @@ impl Ring {
     ) -> Result<Ring, String> {
         let ring = Ring::write_empty(map, capacity, system_id, boot_id, persistent);
         map.persist(0, file_len(capacity))?;
+        // The magic last, once the rest is durable: a file whose formatting
+        // did not reach the disk is no ring, never an empty one.
+        // SAFETY: the postmaster owns the mapping alone at this point.
+        unsafe { std::ptr::write_volatile(&mut (*(map.addr as *mut Header)).magic, MAGIC) };
+        map.persist(0, std::mem::size_of::<u64>())?;
         Ok(ring)
     }
 
@@ -172,8 +204,6 @@ impl Ring {
             h.system_id = system_id;
             h.persistent = (persistent && map.is_pmem) as u32;
             h.boot_id = boot_id;
-            // The magic last: a half-formatted file is no ring.
-            std::ptr::write_volatile(&mut h.magic, MAGIC);
         }
         Ring { map, capacity: capacity as u64 }
     }
@@ -244,6 +274,7 @@ impl Ring {
             // (an overstated "up to"), never lost.
             let lapped_end = e.commit_end.load(Ordering::Relaxed);
             let lapped_time = e.ack_time.load(Ordering::Relaxed);
+            // Pairs with the fence(Release) below, in another writer.
             fence(Ordering::Acquire);
             if e.seq.load(Ordering::Relaxed) == old {
                 let f = flushed();
@@ -257,11 +288,21 @@ impl Ring {
             self.summarize(Acked { commit_end, ack_time: t, fxid, datid }, flushed());
             return t;
         }
+        // The WRITING mark is visible before any field stored below (a
+        // seqlock writer, as Slot::begin_write in sequence/slots.rs): a
+        // reader that sees a new field and then, after its
+        // fence(Acquire), reads the sequence word again sees WRITING or a
+        // later claim and drops what it read. The CAS's release half orders
+        // only what came before it; weak memory models need the fence.
+        fence(Ordering::Release);
         let t = now();
         e.commit_end.store(commit_end, Ordering::Relaxed);
         e.ack_time.store(t, Ordering::Relaxed);
         e.fxid.store(fxid, Ordering::Relaxed);
         e.datid.store(datid, Ordering::Relaxed);
+        // Pairs with the readers' first Acquire load of the sequence word
+        // (oldest_unflushed, snapshot, the lapping check above): who sees
+        // claim + 1 sees every field.
         e.seq.store(claim + 1, Ordering::Release);
         if self.header().persistent != 0 {
             let offset = e as *const Entry as usize - self.map.addr as usize;
@@ -361,6 +402,8 @@ impl Ring {
             if seq == claim + 1 {
                 let end = e.commit_end.load(Ordering::Relaxed);
                 let time = e.ack_time.load(Ordering::Relaxed);
+                // Pairs with record()'s fence(Release) after the WRITING
+                // mark: fields of a later rewrite imply a changed word here.
                 fence(Ordering::Acquire);
                 if e.seq.load(Ordering::Relaxed) == claim + 1 && end > flushed {
                     oldest = Some(time);
@@ -395,6 +438,8 @@ mod tests {
         let map = Mapping { addr, len: file_len(capacity), is_pmem: false };
         // Heap memory: written like a file, not msync'ed.
         let ring = Ring::write_empty(map, capacity, 0, [0; BOOT_ID_LEN], false);
+        // SAFETY: the test owns the memory.
+        unsafe { (*(map.addr as *mut Header)).magic = MAGIC };
         (ring, memory)
     }
 
@@ -444,6 +489,33 @@ mod tests {
         let s = ring.summary();
         assert_eq!((s.count, s.min_end, s.max_end), (2, 100, 200), "{s:?}");
         assert_eq!(ring.oldest_unflushed(700, 99), Some(8));
+    }
+
+    #[test]
+    fn a_truncated_ring_is_refused_and_its_entries_salvaged() {
+        let (ring, _m) = anonymous(8);
+        for i in 1..=5u64 {
+            ring.record_at(i * 100, i as i64, 0);
+        }
+        // Cut after the third entry.
+        let cut = Mapping { len: ENTRIES_OFFSET + 3 * std::mem::size_of::<Entry>() + 10, ..ring.mapping() };
+        let why = Ring::new(cut).err().expect("a truncated ring is refused");
+        assert!(why.starts_with("is truncated"), "{why}");
+        let salvaged = Ring::salvage(cut).expect("its header is readable").snapshot();
+        let ends: Vec<u64> = salvaged.entries.iter().map(|a| a.commit_end).collect();
+        assert_eq!(ends, vec![100, 200, 300]);
+        // No header: nothing to salvage.
+        let short = Mapping { len: ENTRIES_OFFSET - 1, ..ring.mapping() };
+        assert!(Ring::new(short).is_err() && Ring::salvage(short).is_none());
+    }
+
+    #[test]
+    fn a_ring_without_its_magic_is_no_ring() {
+        let (ring, _m) = anonymous(8);
+        // SAFETY: the test owns the memory.
+        unsafe { (*(ring.mapping().addr as *mut Header)).magic = 0 };
+        assert!(Ring::new(ring.mapping()).err().unwrap().contains("not a record"));
+        assert!(Ring::salvage(ring.mapping()).is_none());
     }
 
     #[test]
