@@ -34,6 +34,16 @@ SELECT pg_current_wal_insert_lsn() AS at_boundary \gset
 SELECT flush_log() IS NOT NULL AS flushed;
 SELECT is_durable(:'at_boundary') AS boundary_durable,
        wait_durable(:'at_boundary', interval '1s') AS boundary_waited;
+-- A position inside that page header stands for the boundary too: no WAL
+-- byte lies before it in the segment. Right after the switch (nothing
+-- flushed since, nothing for the WAL writer to do) it reads durable, and
+-- the wait returns at once instead of sleeping to its timeout.
+SELECT pg_switch_wal() IS NOT NULL AS switched_again;
+SELECT (pg_current_wal_insert_lsn() - (pg_current_wal_insert_lsn() - '0/0'::pg_lsn)
+          % pg_size_bytes(current_setting('wal_segment_size'))) AS segment_start \gset
+SELECT is_durable(:'segment_start'::pg_lsn + 1) AS inside_header_plus_1,
+       is_durable(:'segment_start'::pg_lsn + 16) AS inside_header_plus_16,
+       wait_durable(:'segment_start'::pg_lsn + 16, interval '5s') AS inside_header_waited;
 
 -- NULL in, NULL out; invalid and future positions are errors with a hint.
 SELECT is_durable(NULL) IS NULL AS null_is_durable, wait_durable(NULL) IS NULL AS null_wait;

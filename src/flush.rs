@@ -33,17 +33,46 @@ pub(crate) fn next_record_start() -> u64 {
     unsafe { pg_sys::GetXLogInsertRecPtr() }
 }
 
-/// A position just past a page (or segment) header means the boundary
-/// before it: no WAL byte lies in between.
+/// A position in or just past a page (or segment) header means the
+/// boundary before it: no WAL record byte lies in between. Such positions
+/// come from pg_current_wal_insert_lsn() right after pg_switch_wal(), or
+/// from a receipt built by hand.
 pub(crate) fn back_off_page_header(pos: u64) -> u64 {
     // SAFETY: wal_segment_size is set at startup and never changes.
     let segment_size = unsafe { pg_sys::wal_segment_size } as u64;
-    if pos % segment_size == LONG_PAGE_HEADER {
-        pos - LONG_PAGE_HEADER
-    } else if pos % pg_sys::XLOG_BLCKSZ as u64 == SHORT_PAGE_HEADER {
-        pos - SHORT_PAGE_HEADER
+    boundary_before_header(pos, segment_size)
+}
+
+fn boundary_before_header(pos: u64, segment_size: u64) -> u64 {
+    let in_segment = pos % segment_size;
+    let in_page = pos % pg_sys::XLOG_BLCKSZ as u64;
+    if in_segment <= LONG_PAGE_HEADER {
+        pos - in_segment
+    } else if in_page <= SHORT_PAGE_HEADER {
+        pos - in_page
     } else {
         pos
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn positions_in_a_page_header_mean_the_boundary() {
+        let seg = 16 << 20;
+        let page = pg_sys::XLOG_BLCKSZ as u64;
+        // At, inside and just past the long header of a segment's first page.
+        for at in [0, 1, 16, LONG_PAGE_HEADER] {
+            assert_eq!(boundary_before_header(3 * seg + at, seg), 3 * seg);
+        }
+        assert_eq!(boundary_before_header(3 * seg + LONG_PAGE_HEADER + 1, seg), 3 * seg + LONG_PAGE_HEADER + 1);
+        // A later page's short header.
+        for at in [0, 7, SHORT_PAGE_HEADER] {
+            assert_eq!(boundary_before_header(3 * seg + 5 * page + at, seg), 3 * seg + 5 * page);
+        }
+        assert_eq!(boundary_before_header(5 * page + SHORT_PAGE_HEADER + 8, seg), 5 * page + SHORT_PAGE_HEADER + 8);
     }
 }
 
@@ -98,8 +127,7 @@ fn flush_log() -> i64 {
 /// WAL and the end of WAL flushed to disk. On a standby both are the replay
 /// position: nothing there waits to be flushed by this server's commits.
 #[pg_extern(volatile, parallel_safe)]
-fn delayed_durability_wal_positions(
-) -> TableIterator<'static, (name!(insert_end, i64), name!(flush_end, i64))> {
+fn delayed_durability_wal_positions() -> TableIterator<'static, (name!(insert_end, i64), name!(flush_end, i64))> {
     crate::preload::require_preloaded();
     let (insert, flush) = if in_recovery() {
         let replayed = replay_end();
@@ -123,7 +151,8 @@ fn delayed_durability_wal_fsyncs() -> Option<i64> {
     #[cfg(not(feature = "pg18"))]
     const QUERY: &str = "SELECT wal_sync FROM pg_catalog.pg_stat_wal";
     #[cfg(feature = "pg18")]
-    const QUERY: &str = "SELECT sum(fsyncs)::bigint FROM pg_catalog.pg_stat_io WHERE object = 'wal' AND context = 'normal'";
+    const QUERY: &str =
+        "SELECT sum(fsyncs)::bigint FROM pg_catalog.pg_stat_io WHERE object = 'wal' AND context = 'normal'";
     Spi::connect(|client| client.select(QUERY, Some(1), &[])?.first().get_one::<i64>())
         .unwrap_or_else(|e| pgrx::error!("reading WAL statistics: {e}"))
 }

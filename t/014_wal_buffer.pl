@@ -129,10 +129,8 @@ sub refused
 	return $log;
 }
 
-refused('wrong wal_sync_method', qr/requires wal_sync_method = fdatasync/, conf => "wal_sync_method = fsync\n");
 refused('missing directory', qr/directory "\/dev\/shm\/dd_no_such_dir_$$" of the persistent WAL buffer does not exist/,
 	conf => "delayed_durability.wal_buffer_path = '/dev/shm/dd_no_such_dir_$$/buf'\n");
-refused('too small', qr/wal_buffer_size is too small/, conf => "delayed_durability.wal_buffer_size = 32kB\n");
 refused('another cluster', qr/belongs to another database system/,
 	forge => sub { write_at($buffer, 16, pack('Q<', $h->{system_id} + 1)); header_crc_fix($buffer); });
 refused('another segment size', qr/written with another WAL segment size/,
@@ -162,6 +160,37 @@ write_at($buffer, 4096 + $h->{tail}, 'torn record bytes, never committed');
 $node->start;
 is($node->safe_psql('postgres', 'SELECT count(*) FROM t'), '700', 'torn bytes past the tail ignored; all commits present');
 
+# Settings the buffer cannot work with (a changed wal_sync_method, a size
+# below the minimum): the start restores what the buffer holds, then runs
+# without it, fsyncing WAL as usual, and says so. It never refuses to start:
+# a crash restart must not either.
+for my $case ([ 'wal_sync_method = fsync', qr/it requires wal_sync_method = fdatasync/ ],
+	[ 'delayed_durability.wal_buffer_size = 32kB', qr/delayed_durability\.wal_buffer_size \(32kB\) is below 64kB/ ])
+{
+	my ($setting, $why) = @$case;
+	my $rows = $node->safe_psql('postgres', 'SELECT count(*) FROM t');
+	my $first = $setting =~ /sync/ ? 5001 : 5021;
+	my $setting_trace = start_fsync_trace($node);
+	$node->safe_psql('postgres', insert_script($first, $first + 19));
+	kill_everything($node);
+	stop_fsync_trace($setting_trace);
+	my ($cut) = zero_unsynced_wal($node, $setting_trace);
+	cmp_ok($cut, '>', 0, "$setting: WAL never really synced zeroed");
+	$node->append_conf('postgresql.conf', "$setting\n");
+	my $setting_log = -s $node->logfile;
+	$node->start;
+	my $started = substr(slurp_file($node->logfile), $setting_log);
+	like($started, qr/restored \d+ bytes of WAL/, "$setting: the buffer is restored first");
+	like($started, qr/WARNING:  delayed_durability: the persistent WAL buffer "\Q$buffer\E" is not used until the next start: $why/,
+		"$setting: then not used, with the reason");
+	is($node->safe_psql('postgres', 'SELECT count(*) FROM t'), $rows + 20, "$setting: every acknowledged commit present");
+	is($node->safe_psql('postgres', 'SELECT wal_buffer_is_pmem IS NULL FROM delayed_durability_status()'), 't', "$setting: buffer off");
+	$node->append_conf('postgresql.conf', "wal_sync_method = fdatasync\ndelayed_durability.wal_buffer_size = 16MB\n");
+	$node->restart;
+	is($node->safe_psql('postgres', 'SELECT wal_buffer_is_pmem IS NOT NULL FROM delayed_durability_status()'), 't', "$setting undone: buffer on again");
+}
+is($node->safe_psql('postgres', 'SELECT count(*) FROM t'), '740', '40 more rows');
+
 # A crash of one server process: the postmaster reinitializes and restores the
 # buffer before crash recovery, as at a start.
 $node->safe_psql('postgres', insert_script(701, 705));
@@ -183,7 +212,7 @@ my $restore_writes = () = slurp_file($trace->{file}) =~ /^$postmaster\s+pwrite64
 cmp_ok($restore_writes, '>', 0, 'crash of one process: the postmaster wrote the buffer\'s WAL back into pg_wal (strace)');
 like(substr(slurp_file($node->logfile), $log_start), qr/terminated by signal 9.*restored \d+ bytes of WAL/s,
 	'crash of one process: buffer restored before crash recovery');
-is($node->safe_psql('postgres', 'SELECT count(*) FROM t'), '705', 'all commits present after that crash');
+is($node->safe_psql('postgres', 'SELECT count(*) FROM t'), '745', 'all commits present after that crash');
 
 # A changed wal_buffer_size: the old file's WAL is restored, then it is resized.
 $trace = start_fsync_trace($node);
@@ -198,7 +227,7 @@ $log_start = -s $node->logfile;
 $node->start;
 like(substr(slurp_file($node->logfile), $log_start), qr/restored \d+ bytes of WAL/, 'resize: old content restored first');
 is(-s $buffer, 1024 * 1024, 'resize: file now 1MB');
-is($node->safe_psql('postgres', 'SELECT count(*) FROM t'), '710', 'resize: all commits present');
+is($node->safe_psql('postgres', 'SELECT count(*) FROM t'), '750', 'resize: all commits present');
 
 # A full buffer drains: with 1MB (768kB before a drain) one transaction of
 # several MB of WAL cannot stay in the buffer and is really fsynced; a power
@@ -214,7 +243,7 @@ my $synced_segments = () = slurp_file($trace->{file}) =~ /\bfdatasync\(\d+<[^>]*
 cmp_ok($synced_segments, '>', 0, 'full buffer: strace saw real fdatasync calls on WAL segments');
 ($zeroed) = zero_unsynced_wal($node, $trace);
 $node->start;
-is($node->safe_psql('postgres', 'SELECT count(*) FROM t'), '15720', 'full buffer: the big transaction and later commits survive a power cut');
+is($node->safe_psql('postgres', 'SELECT count(*) FROM t'), '15760', 'full buffer: the big transaction and later commits survive a power cut');
 
 # Switching wal_sync_method by reload stays durable: WAL fsyncs are real again.
 $node->append_conf('postgresql.conf', "wal_sync_method = fsync\n");
@@ -227,7 +256,7 @@ cmp_ok($after->{real_syncs} - $before->{real_syncs}, '>=', 20, 'wal_sync_method 
 $node->append_conf('postgresql.conf', "wal_sync_method = fdatasync\n");
 $node->reload;
 
-# 5. A standby ignores the buffer.
+# 5. A standby does not use the buffer (it holds its lock and restores it at start).
 $node->backup('b');
 my $standby = PostgreSQL::Test::Cluster->new('walbuf_standby');
 $standby->init_from_backup($node, 'b', has_streaming => 1);
@@ -237,9 +266,9 @@ $standby->append_conf('postgresql.conf', "delayed_durability.wal_buffer_path = '
 $standby->start;
 $node->safe_psql('postgres', insert_script(741, 750));
 $node->wait_for_catchup($standby);
-like(slurp_file($standby->logfile), qr/standby mode, the persistent WAL buffer .* is not used/, 'standby logs that it ignores the buffer');
+like(slurp_file($standby->logfile), qr/the persistent WAL buffer .* is not used in this run \(standby mode/, 'standby logs that it does not use the buffer');
 is($standby->safe_psql('postgres', 'SELECT wal_buffer_is_pmem IS NULL FROM delayed_durability_status()'), 't', 'standby: buffer off');
-is($standby->safe_psql('postgres', 'SELECT count(*) FROM t'), '15750', 'standby replays the primary\'s WAL');
+is($standby->safe_psql('postgres', 'SELECT count(*) FROM t'), '15790', 'standby replays the primary\'s WAL');
 $standby->stop;
 
 # 5b. PostgreSQL 18 reads through asynchronous I/O (io_method), but WAL is
@@ -252,7 +281,7 @@ if ($node->pg_version >= 18)
 	my @methods = split /,/, $node->safe_psql('postgres',
 		"SELECT array_to_string(enumvals, ',') FROM pg_settings WHERE name = 'io_method'");
 	cmp_ok(scalar @methods, '>=', 2, 'io_method offers sync and worker at least');
-	my ($rows, $next) = (15750, 751);
+	my ($rows, $next) = (15790, 751);
 	for my $method (@methods)
 	{
 		$node->append_conf('postgresql.conf', "io_method = $method\n");

@@ -45,6 +45,10 @@ sub read_wal_buffer
 	my %h;
 	@h{qw(magic version segment_size system_id capacity header_crc tail synced_lsn synced_tli)} =
 	  unpack('a8 V V Q< Q< V x4 Q< Q< V', substr($b, 0, 60));
+	# The owner: the data directory of the server that formatted the buffer.
+	my ($owner_len, $owner_crc) = unpack('V V', substr($b, 64, 8));
+	$h{owner} = $owner_len ? substr($b, 128, $owner_len) : undef;
+	$h{owner_ok} = !$owner_len || crc32c($h{owner}) == $owner_crc;
 	$h{records} = [];
 	my $off = 0;
 	while ($off < $h{tail})

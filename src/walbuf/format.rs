@@ -24,6 +24,13 @@ pub const OFF_TAIL: usize = 40;
 /// WAL position up to which pg_wal was fsynced at the last drain, and its timeline.
 pub const OFF_SYNCED_LSN: usize = 48;
 pub const OFF_SYNCED_TLI: usize = 56;
+/// The data directory of the server that formatted the buffer (its owner):
+/// length, CRC32C of the path, then the path's bytes. Zero length in a
+/// buffer formatted before the field existed: no owner recorded.
+pub const OFF_OWNER_LEN: usize = 64;
+pub const OFF_OWNER_CRC: usize = 68;
+pub const OFF_OWNER: usize = 128;
+pub const MAX_OWNER_LEN: usize = HEADER_SIZE - OFF_OWNER;
 const FIXED_FIELDS_END: usize = 32;
 
 /// Record header: lsn u64, len u32, tli u32, crc u32, zeros u32; then
@@ -52,9 +59,11 @@ pub fn put_u64(b: &mut [u8], off: usize, v: u64) {
     b[off..off + 8].copy_from_slice(&v.to_le_bytes());
 }
 
-/// A fresh header: identity fields, their CRC, empty record area.
-pub fn new_header(segment_size: u32, system_id: u64, capacity: u64) -> [u8; 64] {
-    let mut h = [0u8; 64];
+/// A fresh header: identity fields, their CRC, empty record area, and the
+/// owner's data directory (cut to what the header holds).
+pub fn new_header(segment_size: u32, system_id: u64, capacity: u64, owner: &str) -> Vec<u8> {
+    let owner = &owner.as_bytes()[..owner.len().min(MAX_OWNER_LEN)];
+    let mut h = vec![0u8; OFF_OWNER + owner.len()];
     h[OFF_MAGIC..OFF_MAGIC + 8].copy_from_slice(&MAGIC);
     put_u32(&mut h, OFF_VERSION, VERSION);
     put_u32(&mut h, OFF_SEGMENT_SIZE, segment_size);
@@ -62,7 +71,27 @@ pub fn new_header(segment_size: u32, system_id: u64, capacity: u64) -> [u8; 64] 
     put_u64(&mut h, OFF_CAPACITY, capacity);
     let crc = crc32c(0, &h[..FIXED_FIELDS_END]);
     put_u32(&mut h, OFF_HEADER_CRC, crc);
+    put_u32(&mut h, OFF_OWNER_LEN, owner.len() as u32);
+    put_u32(&mut h, OFF_OWNER_CRC, crc32c(0, owner));
+    h[OFF_OWNER..].copy_from_slice(owner);
     h
+}
+
+/// The owner's data directory; None when none is recorded. Err when the
+/// field does not check out.
+pub fn owner(h: &[u8]) -> Result<Option<&str>, &'static str> {
+    let len = get_u32(h, OFF_OWNER_LEN) as usize;
+    if len == 0 {
+        return Ok(None);
+    }
+    if len > MAX_OWNER_LEN || h.len() < OFF_OWNER + len {
+        return Err("invalid owner length");
+    }
+    let owner = &h[OFF_OWNER..OFF_OWNER + len];
+    if crc32c(0, owner) != get_u32(h, OFF_OWNER_CRC) {
+        return Err("owner checksum mismatch");
+    }
+    std::str::from_utf8(owner).map(Some).map_err(|_| "owner is not a path")
 }
 
 pub fn header_crc_ok(h: &[u8]) -> bool {
@@ -183,6 +212,22 @@ mod tests {
         assert_eq!(crc32c(0, b"123456789"), 0xE306_9283);
         assert_eq!(crc32c_table(0, b"123456789"), 0xE306_9283);
         assert_eq!(crc32c(crc32c(0, b"1234"), b"56789"), 0xE306_9283);
+    }
+
+    #[test]
+    fn owner_round_trip() {
+        let h = new_header(16 << 20, 42, 1 << 20, "/var/lib/postgresql/15/main");
+        let mut page = vec![0u8; HEADER_SIZE];
+        page[..h.len()].copy_from_slice(&h);
+        assert!(header_crc_ok(&page));
+        assert_eq!(owner(&page), Ok(Some("/var/lib/postgresql/15/main")));
+        page[OFF_OWNER + 3] ^= 1;
+        assert_eq!(owner(&page), Err("owner checksum mismatch"));
+        // A header written before the field existed.
+        let old = new_header(16 << 20, 42, 1 << 20, "");
+        let mut page = vec![0u8; HEADER_SIZE];
+        page[..old.len()].copy_from_slice(&old);
+        assert_eq!(owner(&page), Ok(None));
     }
 
     #[test]

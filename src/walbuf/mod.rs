@@ -144,7 +144,9 @@ pub fn attach_shared_memory() {
     }
     // The postmaster (or a single-user backend), at first start and after
     // every crash: restore the buffer before the startup process runs.
-    let Some(path) = WAL_BUFFER_PATH.get().filter(|p| !p.is_empty()) else { return };
+    let Some(path) = WAL_BUFFER_PATH.get().filter(|p| !p.is_empty()) else {
+        return;
+    };
     start(Box::leak(path.into_boxed_c_str()), shared);
 }
 
@@ -160,16 +162,14 @@ fn fatal(code: PgSqlErrorCode, message: String, detail: Option<String>, hint: &s
     unreachable!("FATAL does not return")
 }
 
+/// Every start of the server (normal, after a crash of a child, as a
+/// standby, for archive recovery, a single-user backend run by pg_rewind)
+/// restores what the buffer holds into pg_wal before the startup process
+/// reads any WAL: a durable commit was acknowledged once its WAL was in the
+/// buffer, so data pages on disk may depend on WAL that only the buffer
+/// has. Only then is it decided whether this run uses the buffer.
 fn start(path: &'static CStr, shared: *mut ring::Shared) {
     let shown = path.to_string_lossy().into_owned();
-    if std::path::Path::new("standby.signal").exists() {
-        // WAL arriving by streaming or from the archive is the primary's to persist.
-        pgrx::log!(
-            "delayed_durability: standby mode, the persistent WAL buffer \"{shown}\" is not used"
-        );
-        return;
-    }
-    check_settings(&shown);
     let segment_size = segment_size();
     let wal_dir = std::fs::canonicalize("pg_wal").map(|p| p.to_string_lossy().into_owned()).unwrap_or_else(|e| {
         fatal(PgSqlErrorCode::ERRCODE_IO_ERROR, format!("could not resolve \"pg_wal\": {e}"), None, "")
@@ -179,7 +179,9 @@ fn start(path: &'static CStr, shared: *mut ring::Shared) {
         .unwrap_or_else(|e| fatal(PgSqlErrorCode::ERRCODE_IO_ERROR, e, None, ""));
 
     // After a crash of a child the postmaster runs this again: it keeps its
-    // mapping, and its lock on the file (taken once, in open()).
+    // mapping, and its lock on the file (taken once, in open(), whatever
+    // the mode: a standby holds it too, so that a copy of either server on
+    // the same host is refused at start).
     let first_start = GLOBAL.map.get().is_none();
     let map = match GLOBAL.map.get() {
         Some(map) => map,
@@ -189,10 +191,13 @@ fn start(path: &'static CStr, shared: *mut ring::Shared) {
         Ok(r) => r,
         Err(problem) => refuse(&shown, problem),
     };
+    if let Some(whose) = &restored.taken_over {
+        pgrx::log!("delayed_durability: the persistent WAL buffer \"{shown}\" held {whose}; this server takes it over");
+    }
     // A file of another size (wal_buffer_size changed) is resized once its
     // content is back in pg_wal.
     let wanted = WAL_BUFFER_SIZE.get() as usize * 1024;
-    let map = if first_start && map.len != wanted {
+    let map = if first_start && map.len != wanted && wanted >= MIN_SIZE_KB as usize * 1024 {
         map.unmap();
         pmem::map(path, Some(wanted)).unwrap_or_else(|e| map_failed(&shown, e))
     } else {
@@ -207,15 +212,38 @@ fn start(path: &'static CStr, shared: *mut ring::Shared) {
             restored.segments
         );
     }
-
-    // SAFETY: the postmaster's own shared memory, before any child exists.
-    let shared = unsafe { &mut *shared };
-    shared.enabled = true;
-    shared.is_pmem = map.is_pmem;
-    shared.restored_bytes.store(restored.bytes, std::sync::atomic::Ordering::Relaxed);
     GLOBAL.map.set(Some(map));
     GLOBAL.path.set(Some(path));
-    if first_start {
+
+    // Whether this run writes through the buffer. Without it every WAL
+    // fsync happens as PostgreSQL does it, which is always safe: the buffer
+    // is empty now.
+    let standby = std::path::Path::new("standby.signal").exists();
+    let unused_because = if standby {
+        // WAL arriving by streaming or from the archive is the primary's to
+        // persist; after a promotion the buffer is used from the next start.
+        Some("standby mode: WAL received from the primary is fsynced as usual; the buffer is used from the first start after a promotion".to_string())
+    } else {
+        unusable_settings()
+    };
+    // SAFETY: the postmaster's own shared memory, before any child exists.
+    let shared = unsafe { &mut *shared };
+    shared.is_pmem = map.is_pmem;
+    shared.restored_bytes.store(restored.bytes, std::sync::atomic::Ordering::Relaxed);
+    if let Some(why) = unused_because {
+        shared.enabled = false;
+        ACTIVE.store(false, Ordering::Relaxed);
+        if standby {
+            pgrx::log!("delayed_durability: the persistent WAL buffer \"{shown}\" is not used in this run ({why})");
+        } else {
+            pgrx::warning!(
+                "delayed_durability: the persistent WAL buffer \"{shown}\" is not used until the next start: {why}; what it held was restored, and WAL is fsynced as usual"
+            );
+        }
+        return;
+    }
+    shared.enabled = true;
+    if !INTERPOSED.swap(true, Ordering::Relaxed) {
         if let Err(e) = interpose::install() {
             fatal(
                 PgSqlErrorCode::ERRCODE_FEATURE_NOT_SUPPORTED,
@@ -240,32 +268,29 @@ fn start(path: &'static CStr, shared: *mut ring::Shared) {
     ACTIVE.store(true, Ordering::Relaxed);
 }
 
-fn check_settings(shown: &str) {
+/// The interposition is installed (once per postmaster).
+static INTERPOSED: AtomicBool = AtomicBool::new(false);
+
+/// Why the settings do not let this run use the buffer, if they do not.
+/// Checked after the restore, at every start: wal_sync_method can change by
+/// reload, and a crash restart must still restore what the buffer holds.
+fn unusable_settings() -> Option<String> {
     // SYNC_METHOD_FDATASYNC (WAL_SYNC_METHOD_FDATASYNC from PostgreSQL 17 on) is 1 in every version.
     const FDATASYNC: i32 = 1;
-    // SAFETY: reading GUC variables set before shared_preload_libraries is processed.
+    // SAFETY: reading GUC variables the postmaster keeps current.
     #[cfg(not(any(feature = "pg17", feature = "pg18")))]
     let sync_method = unsafe { pg_sys::sync_method };
     // SAFETY: as above (the variable was renamed in PostgreSQL 17).
     #[cfg(any(feature = "pg17", feature = "pg18"))]
     let sync_method = unsafe { pg_sys::wal_sync_method };
     if sync_method != FDATASYNC {
-        fatal(
-            PgSqlErrorCode::ERRCODE_INVALID_PARAMETER_VALUE,
-            "delayed_durability.wal_buffer_path requires wal_sync_method = fdatasync".into(),
-            Some(format!("The persistent WAL buffer \"{shown}\" replaces fdatasync() calls on WAL files.")),
-            "Set wal_sync_method = fdatasync, or empty delayed_durability.wal_buffer_path.",
-        );
+        return Some("it requires wal_sync_method = fdatasync".into());
     }
     let size_kb = WAL_BUFFER_SIZE.get();
     if size_kb < MIN_SIZE_KB {
-        fatal(
-            PgSqlErrorCode::ERRCODE_INVALID_PARAMETER_VALUE,
-            format!("delayed_durability.wal_buffer_size is too small: {size_kb}kB"),
-            Some(format!("The persistent WAL buffer needs at least {MIN_SIZE_KB}kB.")),
-            "Set delayed_durability.wal_buffer_size to 64kB or more (the default is 16MB).",
-        );
+        return Some(format!("delayed_durability.wal_buffer_size ({size_kb}kB) is below {MIN_SIZE_KB}kB"));
     }
+    None
 }
 
 /// At first start: checks where the file lives, makes it this server's
@@ -292,9 +317,7 @@ fn open(path: &CStr, shown: &str) -> pmem::Mapping {
         Some(_) => refuse(shown, Problem::NotABuffer),
     };
     let wanted = WAL_BUFFER_SIZE.get() as usize * 1024;
-    existing
-        .unwrap_or_else(|| pmem::map(path, Some(wanted)))
-        .unwrap_or_else(|e| map_failed(shown, e))
+    existing.unwrap_or_else(|| pmem::map(path, Some(wanted))).unwrap_or_else(|e| map_failed(shown, e))
 }
 
 /// tmpfs and ramfs are DRAM: a buffer there survives a crash of the server,
@@ -342,7 +365,9 @@ fn lock(path: &CStr, shown: &str) {
         ),
     };
     let detail = match holder {
-        Some(file::Holder { pid, data_dir: Some(dir) }) => format!("It is locked by process {pid} (data directory \"{dir}\")."),
+        Some(file::Holder { pid, data_dir: Some(dir) }) => {
+            format!("It is locked by process {pid} (data directory \"{dir}\").")
+        }
         Some(file::Holder { pid, data_dir: None }) => format!("It is locked by process {pid}."),
         None => "Another process holds a lock on it.".to_string(),
     };
@@ -385,6 +410,20 @@ acknowledged since the last WAL fsync that are not in pg_wal would then be lost.
             format!("persistent WAL buffer \"{shown}\" belongs to another database system"),
             format!("The buffer's system identifier is {buffer}, this cluster's is {cluster}."),
         ),
+        Problem::OtherDataDirectory { owner, empty } => {
+            let detail = format!(
+                "The buffer was formatted by the server of data directory \"{owner}\", a server of the same database system{}.",
+                if empty { "" } else { ", and holds WAL that server may still need" }
+            );
+            fatal(
+                PgSqlErrorCode::ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
+                format!("persistent WAL buffer \"{shown}\" belongs to another server"),
+                Some(detail),
+                "Each server needs its own buffer file. A copy of a data directory (pg_basebackup, a file \
+system copy) keeps the original's settings: set delayed_durability.wal_buffer_path of this server to \
+another file, or empty it. pg_wal was not modified.",
+            )
+        }
         Problem::SegmentSize { buffer, cluster } => (
             PgSqlErrorCode::ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
             format!("persistent WAL buffer \"{shown}\" was written with another WAL segment size"),
@@ -409,11 +448,9 @@ acknowledged since the last WAL fsync that are not in pg_wal would then be lost.
             format!("persistent WAL buffer \"{shown}\" holds WAL for a missing segment"),
             format!("WAL segment \"{name}\" is not in pg_wal or does not have the segment size."),
         ),
-        Problem::Io(e) => (
-            PgSqlErrorCode::ERRCODE_IO_ERROR,
-            format!("could not restore the persistent WAL buffer \"{shown}\""),
-            e,
-        ),
+        Problem::Io(e) => {
+            (PgSqlErrorCode::ERRCODE_IO_ERROR, format!("could not restore the persistent WAL buffer \"{shown}\""), e)
+        }
     };
     fatal(code, message, Some(detail), keep)
 }
@@ -427,8 +464,12 @@ unsafe extern "C-unwind" fn drain_at_exit(code: i32, _arg: pg_sys::Datum) {
     if code != 0 || unsafe { pg_sys::IsUnderPostmaster } {
         return;
     }
-    let (Some(map), Some(path)) = (GLOBAL.map.get(), GLOBAL.path.get()) else { return };
-    let Ok(cluster) = restore::read_control_file(segment_size()) else { return };
+    let (Some(map), Some(path)) = (GLOBAL.map.get(), GLOBAL.path.get()) else {
+        return;
+    };
+    let Ok(cluster) = restore::read_control_file(segment_size()) else {
+        return;
+    };
     match restore::restore(&map, &cluster, true) {
         Ok(_) => {
             let _ = restore::format(&map, &cluster);

@@ -10,21 +10,44 @@ use super::segment::{self, Segment};
 use std::collections::BTreeMap;
 use std::os::unix::fs::FileExt;
 
-/// What the buffer must match: read from pg_control.
+/// What the buffer must match: read from pg_control, and the data
+/// directory (the server's working directory, resolved).
 pub struct Cluster {
     pub system_id: u64,
     pub segment_size: u64,
     pub timeline: u32,
+    pub data_dir: String,
 }
 
 pub enum Problem {
     NotABuffer,
     BadHeader(&'static str),
-    OtherCluster { buffer: u64, cluster: u64 },
-    SegmentSize { buffer: u64, cluster: u64 },
-    Corrupted { offset: usize, checksum: bool },
-    UnknownTimeline { tli: u32, timeline: u32 },
-    MissingSegment { name: String },
+    OtherCluster {
+        buffer: u64,
+        cluster: u64,
+    },
+    /// A buffer of this database system formatted by the server of another
+    /// data directory (a copy made on the same host, or the original of
+    /// this copy): never restored or formatted by this one.
+    OtherDataDirectory {
+        owner: String,
+        empty: bool,
+    },
+    SegmentSize {
+        buffer: u64,
+        cluster: u64,
+    },
+    Corrupted {
+        offset: usize,
+        checksum: bool,
+    },
+    UnknownTimeline {
+        tli: u32,
+        timeline: u32,
+    },
+    MissingSegment {
+        name: String,
+    },
     Io(String),
 }
 
@@ -33,6 +56,8 @@ pub struct Restored {
     pub bytes: u64,
     pub records: usize,
     pub segments: usize,
+    /// An empty buffer that was not this server's, taken over: whose.
+    pub taken_over: Option<String>,
 }
 
 /// True when the file holds no buffer yet (all zero header).
@@ -56,18 +81,46 @@ pub fn restore(map: &Mapping, cluster: &Cluster, write_back: bool) -> Result<Res
     if format::get_u32(bytes, format::OFF_VERSION) != format::VERSION {
         return Err(Problem::BadHeader("unknown format version"));
     }
-    let system_id = format::get_u64(bytes, format::OFF_SYSTEM_ID);
-    if system_id != cluster.system_id {
-        return Err(Problem::OtherCluster { buffer: system_id, cluster: cluster.system_id });
-    }
-    let segment_size = format::get_u32(bytes, format::OFF_SEGMENT_SIZE) as u64;
-    if segment_size != cluster.segment_size {
-        return Err(Problem::SegmentSize { buffer: segment_size, cluster: cluster.segment_size });
-    }
     let capacity = format::get_u64(bytes, format::OFF_CAPACITY) as usize;
     let tail = format::get_u64(bytes, format::OFF_TAIL) as usize;
     if HEADER_SIZE + capacity > map.len || tail > capacity {
         return Err(Problem::BadHeader("record area larger than the file"));
+    }
+    let owner = format::owner(bytes).map_err(Problem::BadHeader)?;
+    let system_id = format::get_u64(bytes, format::OFF_SYSTEM_ID);
+    let segment_size = format::get_u32(bytes, format::OFF_SEGMENT_SIZE) as u64;
+    let empty = tail == 0;
+    if system_id != cluster.system_id || segment_size != cluster.segment_size {
+        // A buffer that holds nothing (drained at a clean stop, before a
+        // re-initdb or pg_upgrade that kept the path) costs nothing to take.
+        if empty {
+            return Ok(Restored {
+                taken_over: Some(format!(
+                    "an empty buffer of database system {system_id}{}",
+                    owner.map(|o| format!(" (data directory \"{o}\")")).unwrap_or_default()
+                )),
+                ..Restored::default()
+            });
+        }
+        if system_id != cluster.system_id {
+            return Err(Problem::OtherCluster { buffer: system_id, cluster: cluster.system_id });
+        }
+        return Err(Problem::SegmentSize { buffer: segment_size, cluster: cluster.segment_size });
+    }
+    if let Some(owner) = owner.filter(|o| *o != cluster.data_dir) {
+        // Same system, another data directory: a copy of one of the two
+        // (pg_basebackup on the same host inherits the path). Only an empty
+        // buffer whose owner no longer holds this system (a data directory
+        // moved after a clean stop) is taken.
+        if empty && !holds_system(owner, system_id) {
+            return Ok(Restored {
+                taken_over: Some(format!(
+                    "the empty buffer of data directory \"{owner}\", which no longer holds this database system"
+                )),
+                ..Restored::default()
+            });
+        }
+        return Err(Problem::OtherDataDirectory { owner: owner.to_string(), empty });
     }
 
     // Pass 1: every record is intact, on a timeline of this cluster, and
@@ -77,10 +130,8 @@ pub fn restore(map: &Mapping, cluster: &Cluster, write_back: bool) -> Result<Res
     let mut offset = 0;
     let mut restored = Restored::default();
     while offset < tail {
-        let (record, next) = format::read_record(area, offset).map_err(|e| Problem::Corrupted {
-            offset,
-            checksum: matches!(e, ReadError::BadChecksum),
-        })?;
+        let (record, next) = format::read_record(area, offset)
+            .map_err(|e| Problem::Corrupted { offset, checksum: matches!(e, ReadError::BadChecksum) })?;
         if record.tli != cluster.timeline && !history_file_exists(record.tli) {
             return Err(Problem::UnknownTimeline { tli: record.tli, timeline: cluster.timeline });
         }
@@ -128,6 +179,14 @@ pub fn restore(map: &Mapping, cluster: &Cluster, write_back: bool) -> Result<Res
     Ok(restored)
 }
 
+/// Whether `dir` is the data directory of database system `system_id`.
+fn holds_system(dir: &str, system_id: u64) -> bool {
+    std::fs::read(format!("{dir}/global/pg_control"))
+        .ok()
+        .filter(|b| b.len() >= 8)
+        .is_some_and(|b| format::get_u64(&b, 0) == system_id)
+}
+
 fn history_file_exists(tli: u32) -> bool {
     std::path::Path::new(&format!("{}/{:08X}.history", segment::wal_dir().path, tli)).exists()
 }
@@ -135,7 +194,7 @@ fn history_file_exists(tli: u32) -> bool {
 /// Writes a fresh header for this cluster: an empty buffer.
 pub fn format(map: &Mapping, cluster: &Cluster) -> Result<(), String> {
     let capacity = (map.len - HEADER_SIZE) as u64;
-    let header = format::new_header(cluster.segment_size as u32, cluster.system_id, capacity);
+    let header = format::new_header(cluster.segment_size as u32, cluster.system_id, capacity, &cluster.data_dir);
     map.write_persist(0, &header)
 }
 
@@ -149,9 +208,14 @@ pub fn read_control_file(segment_size: u64) -> Result<Cluster, String> {
     if bytes.len() < tli_offset + 4 {
         return Err("\"global/pg_control\" is too short".into());
     }
+    let data_dir = std::fs::canonicalize(".")
+        .map_err(|e| format!("could not resolve the data directory: {e}"))?
+        .to_string_lossy()
+        .into_owned();
     Ok(Cluster {
         system_id: format::get_u64(&bytes, std::mem::offset_of!(ControlFileData, system_identifier)),
         segment_size,
         timeline: format::get_u32(&bytes, tli_offset),
+        data_dir,
     })
 }
