@@ -261,12 +261,12 @@ fn after_commit() {
         // The end of the commit record written: of this transaction's (it
         // had an xid by the time it committed) or of the prepared
         // transaction it committed.
-        let commit_end = match commit_prepared_end {
-            Some(end) => end,
-            // SAFETY: the end of the commit record RecordTransactionCommit just wrote.
-            None if transaction_has_xid() => unsafe { pg_sys::XactLastCommitEnd },
-            None => 0,
-        };
+        // SAFETY: the end of the commit record RecordTransactionCommit just
+        // wrote, when the transaction had an xid.
+        let own_end = if transaction_has_xid() { unsafe { pg_sys::XactLastCommitEnd } } else { 0 };
+        // Both when a transaction with its own writes also ran COMMIT
+        // PREPARED (a pipeline on servers that allow it): the later one.
+        let commit_end = own_end.max(commit_prepared_end.unwrap_or(0));
         if commit_end != 0 {
             let outcome = outcome(&decision, commit_end, commit_prepared_end.is_some());
             // The loss budget and the record of acknowledgements apply to

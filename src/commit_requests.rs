@@ -78,7 +78,9 @@ pub fn core_flushes_commit() -> bool {
 /// Called by the utility hook (src/c/hooks.c) after a utility statement
 /// completed without error. Every statement noted here refuses to run in a
 /// transaction block or a function (PreventInTransactionBlock), so once it
-/// completed, the next thing its transaction does is commit.
+/// completed, the next thing its transaction does is commit. (ALTER
+/// DATABASE SET TABLESPACE commits its own work inside the statement; the
+/// note then only labels the empty transaction after it.)
 /// Reads the parse tree only; raises nothing.
 pub fn note_completed_statement(stmt: *mut pg_sys::Node) {
     if stmt.is_null() {

@@ -248,6 +248,14 @@ pub fn bind_database_slot() {
 }
 
 fn free_slots_of_dropped_databases() {
+    // What pg_database says now, not what this transaction's caches
+    // remember: a database created since must not look dropped.
+    // SAFETY: what a lock acquisition does, and dropping the catalog
+    // snapshot so the next lookup takes a fresh one; pgrx guards the calls.
+    unsafe {
+        pg_sys::AcceptInvalidationMessages();
+        pg_sys::InvalidateCatalogSnapshot();
+    }
     for slot in database_slots() {
         let datid = slot.datid.load(Ordering::Acquire);
         if datid == 0 || database_exists(datid) {

@@ -5,11 +5,12 @@
 # record, starts, and reads the crash report.
 use strict;
 use warnings;
+use IPC::Run;
 use PostgreSQL::Test::Utils;
 use Test::More;
 use DelayedDurabilityTest;
 
-my $node = new_dd_node('record', conf => "delayed_durability.lost_commits_ring_size = 64\nrestart_after_crash = on\n");
+my $node = new_dd_node('record', init => { allows_streaming => 1 }, conf => "delayed_durability.lost_commits_ring_size = 64\nrestart_after_crash = on\n");
 $node->safe_psql('postgres', q{
 ALTER DATABASE postgres SET delayed_durability.mode = 'forced';
 CREATE TABLE acked (xid xid8 PRIMARY KEY);
@@ -148,6 +149,55 @@ like($node->safe_psql('postgres', "SELECT string_agg(detail, ' // ' ORDER BY cra
 	qr/unknown: the record could not be kept.*Permission denied.* \/\/ unknown: the record could not be kept/,
 	'the remembered crash and the next one (still without a record) are in the report');
 next_crash_is_exact('unwritable directory');
+
+# A second episode of the same (rows remembered in memory get ids that no
+# earlier report row has).
+$node->stop;
+unlink $ring;
+chmod 0500, $dir or die $!;
+$node->start;
+commit_delayed_rows(2);
+$since = now();
+kill_wal_writer();
+like(crash_row($since), qr/unknown: the record could not be kept: .*Permission denied/, 'second episode: reported from memory');
+chmod 0700, $dir or die $!;
+$since2 = now();
+kill_wal_writer();
+$node->poll_query_until('postgres', "SELECT count(*) >= 2 FROM delayed_durability_crashes WHERE crash_recovered_at > '$since'")
+  or die 'the remembered crash of the second episode was not reported';
+is($node->safe_psql('postgres', "SELECT count(*) FROM delayed_durability_crashes WHERE crash_recovered_at > '$since' AND detail LIKE '%could not be written%'"),
+	'1', 'second episode: the remembered crash reached the report');
+
+# ---- a crashed primary restarted as a standby (what HA tools do): its
+# acknowledged delayed commits cannot be compared with the WAL it will
+# replay (another server's): reported unknown at once, with how many its
+# record held, never silently dropped.
+settle_wal_writer($node);
+$node->safe_psql('postgres', 'SELECT flush_log()');
+commit_delayed_rows(4);
+$since = now();
+kill_everything($node);
+$node->append_conf('postgresql.conf', "primary_conninfo = 'host=/nonexistent port=1'\n");
+$node->set_standby_mode;
+$node->start;
+like(crash_row($since), qr/^NULL\|f\|unknown: the server restarted as a standby or was rewound by pg_rewind .*its record held \d+ acknowledged delayed commits/,
+	'a crashed primary restarted as a standby: unknown, with what its record held');
+$node->promote;
+$node->poll_query_until('postgres', 'SELECT NOT pg_is_in_recovery()') or die;
+
+# ---- crash recovery in a single-user backend (wraparound repair, or
+# pg_rewind's): the next normal start cannot compare it any more, and says so.
+settle_wal_writer($node);
+$node->safe_psql('postgres', 'SELECT flush_log()');
+commit_delayed_rows(3);
+$since = now();
+kill_everything($node);
+my ($single_out, $single_err) = ('', '');
+IPC::Run::run([ 'postgres', '--single', '-D', $node->data_dir, 'postgres' ], '<', \'', '>', \$single_out, '2>', \$single_err)
+  or diag("single-user: $single_out $single_err");
+$node->start;
+like(crash_row($since), qr/^NULL\|f\|unknown: the server restarted before the comparison could run/,
+	'a crash recovered in single-user mode: unknown at the next start');
 
 $node->stop;
 done_testing();

@@ -32,36 +32,49 @@ pub static TRACK_LOST_COMMITS: GucSetting<bool> = GucSetting::<bool>::new(true);
 pub static LOST_COMMITS_RING_SIZE: GucSetting<i32> = GucSetting::<i32>::new(16384);
 
 pub fn define_gucs() {
-    GucRegistry::define_int_guc(
-        c"delayed_durability.max_loss_bytes",
-        c"Most WAL a crash may lose from acknowledged delayed commits; 0 = no byte budget.",
-        c"A delayed commit that would leave more WAL than this unflushed, counting its own \
+    use crate::settings;
+    // SAFETY: the assign hooks raise nothing (they store an integer).
+    unsafe {
+        GucRegistry::define_int_guc_with_hooks(
+            c"delayed_durability.max_loss_bytes",
+            c"Most WAL a crash may lose from acknowledged delayed commits; 0 = no byte budget.",
+            c"A delayed commit that would leave more WAL than this unflushed, counting its own \
 commit record, flushes up to its commit record before it returns.",
-        &MAX_LOSS_BYTES,
-        0,
-        i32::MAX,
-        GucContext::Suset,
-        GucFlags::UNIT_BYTE,
-    );
-    GucRegistry::define_int_guc(
-        c"delayed_durability.max_loss_time",
-        c"Oldest age of an acknowledged delayed commit whose WAL is not flushed; 0 = no time budget.",
-        c"A delayed commit made when the oldest unflushed acknowledged commit is this old flushes \
+            &MAX_LOSS_BYTES,
+            0,
+            i32::MAX,
+            GucContext::Suset,
+            GucFlags::UNIT_BYTE,
+            None,
+            Some(settings::assign_max_loss_bytes),
+            None,
+        );
+        GucRegistry::define_int_guc_with_hooks(
+            c"delayed_durability.max_loss_time",
+            c"Oldest age of an acknowledged delayed commit whose WAL is not flushed; 0 = no time budget.",
+            c"A delayed commit made when the oldest unflushed acknowledged commit is this old flushes \
 up to its own commit record before it returns.",
-        &MAX_LOSS_TIME,
-        0,
-        i32::MAX,
-        GucContext::Suset,
-        GucFlags::UNIT_MS,
-    );
-    GucRegistry::define_bool_guc(
-        c"delayed_durability.track_lost_commits",
-        c"Records acknowledged delayed commits so that a crash can report which ones it lost.",
-        c"Off: the crash report says it cannot know.",
-        &TRACK_LOST_COMMITS,
-        GucContext::Sighup,
-        GucFlags::default(),
-    );
+            &MAX_LOSS_TIME,
+            0,
+            i32::MAX,
+            GucContext::Suset,
+            GucFlags::UNIT_MS,
+            None,
+            Some(settings::assign_max_loss_time),
+            None,
+        );
+        GucRegistry::define_bool_guc_with_hooks(
+            c"delayed_durability.track_lost_commits",
+            c"Records acknowledged delayed commits so that a crash can report which ones it lost.",
+            c"Off: the crash report says it cannot know.",
+            &TRACK_LOST_COMMITS,
+            GucContext::Sighup,
+            GucFlags::default(),
+            None,
+            Some(settings::assign_track_lost_commits),
+            None,
+        );
+    }
     GucRegistry::define_int_guc(
         c"delayed_durability.lost_commits_ring_size",
         c"Acknowledged delayed commits the crash record holds before it summarizes the oldest.",
@@ -89,9 +102,11 @@ fn ring() -> Option<Ring> {
 /// Shared-memory startup, in every process that attaches. The ring is a
 /// file mapping the postmaster makes and its children inherit.
 pub fn attach_shared_memory() {
-    // SAFETY: reading postmaster-set globals.
-    let in_postmaster = unsafe { pg_sys::IsPostmasterEnvironment && !pg_sys::IsUnderPostmaster };
-    if in_postmaster {
+    // The postmaster, or a single-user backend (its crash recovery is a
+    // crash to report too).
+    // SAFETY: reading a process-wide flag set at process start.
+    let in_postmaster_or_standalone = unsafe { !pg_sys::IsUnderPostmaster };
+    if in_postmaster_or_standalone {
         GLOBAL.ring.set(report::open_ring_after_startup_or_crash(ring()));
     }
 }

@@ -242,11 +242,19 @@ fn open(current: Option<Ring>, crash_restart: bool) -> Result<Ring, String> {
         let _ = std::fs::File::open(".").and_then(|d| d.sync_all());
     }
     let control = read_control_file()?;
-    if !crash_restart && starts_from_backup_or_in_recovery() {
-        // A copy of another server's directory: what it was about to compare
-        // belongs to that server's WAL.
-        if std::fs::remove_file(PENDING_FILE).is_ok() {
-            let _ = sync_dir();
+    if !crash_restart {
+        match start_kind() {
+            // A copy of another server's directory: what it was about to
+            // compare belongs to that server's WAL.
+            StartKind::Copy => {
+                if std::fs::remove_file(PENDING_FILE).is_ok() {
+                    let _ = sync_dir();
+                }
+            }
+            // Crashes of this server not compared yet can no longer be:
+            // the WAL it replays from now on is another server's.
+            StartKind::Rejoining => pending_to_unknown(),
+            StartKind::Own => {}
         }
     }
     let boot_id = current_boot_id();
@@ -281,7 +289,7 @@ fn open(current: Option<Ring>, crash_restart: bool) -> Result<Ring, String> {
         Found::Damaged(why, salvaged) => {
             if crashed {
                 match salvaged {
-                    Some(snapshot) if !starts_from_backup_or_in_recovery() => write_or_remember(
+                    Some(snapshot) if start_kind() == StartKind::Own && snapshot.system_id == control.system_id => write_or_remember(
                         &snapshot,
                         Status::UnknownNoRecord(format!("{why}; its readable entries were compared")),
                     ),
@@ -312,7 +320,11 @@ fn open(current: Option<Ring>, crash_restart: bool) -> Result<Ring, String> {
         Some(prev) if prev.capacity() == capacity => prev.mapping(),
         other => {
             if let Some(prev) = other {
+                // Its crash is noted: the file goes before a new one of
+                // another size is made, so that a failure cannot leave the
+                // old record to be read after the next crash.
                 prev.mapping().unmap();
+                let _ = std::fs::remove_file(&shown);
             }
             pmem::map(&path, Some(ring::file_len(capacity))).map_err(|e| format!("could not map \"{shown}\": {e}"))?
         }
@@ -351,18 +363,22 @@ fn keep(ring: &Ring, control: &Control, boot_id: &[u8; ring::BOOT_ID_LEN], crash
 
 /// A crash of which nothing can be compared: an "unknown" row, why.
 fn note_unknown_crash(why: String) {
-    if starts_from_backup_or_in_recovery() {
-        return;
+    match start_kind() {
+        StartKind::Copy => {}
+        StartKind::Rejoining => report_unknown_now(vec![(why, 0)]),
+        StartKind::Own => {
+            let empty = Snapshot {
+                entries: Vec::new(),
+                torn: false,
+                summary: Summary::default(),
+                incomplete: false,
+                boot_id: [0; ring::BOOT_ID_LEN],
+                persistent: false,
+                system_id: 0,
+            };
+            write_or_remember(&empty, Status::UnknownNoRecord(why));
+        }
     }
-    let empty = Snapshot {
-        entries: Vec::new(),
-        torn: false,
-        summary: Summary::default(),
-        incomplete: false,
-        boot_id: [0; ring::BOOT_ID_LEN],
-        persistent: false,
-    };
-    write_or_remember(&empty, Status::UnknownNoRecord(why));
 }
 
 /// Writes a crash to `pending`, with the crashes that could not be written
@@ -380,18 +396,120 @@ fn write_or_remember(snapshot: &Snapshot, status: Status) {
     }
 }
 
-/// A base backup (pg_basebackup, pg_rewind) or a standby: its WAL is not
-/// the one the record was written against.
-fn starts_from_backup_or_in_recovery() -> bool {
-    ["backup_label", "standby.signal", "recovery.signal"].iter().any(|f| Path::new(f).exists())
+/// How this start stands to the record of acknowledged commits.
+#[derive(Clone, Copy, PartialEq)]
+enum StartKind {
+    /// A start of this server on its own WAL: a normal start, a crash
+    /// restart, archive recovery (recovery.signal). A crash is compared
+    /// once recovery finished.
+    Own,
+    /// A copy of another server's data directory (pg_basebackup's
+    /// backup_label): the record and the pending comparisons there are
+    /// that server's.
+    Copy,
+    /// This server rejoins another one: it starts as a standby
+    /// (standby.signal) or was rewound by pg_rewind. The WAL it replays
+    /// from now on is the other server's, so its own acknowledged delayed
+    /// commits cannot be compared with it: a crash is reported unknown at
+    /// once.
+    Rejoining,
+}
+
+fn start_kind() -> StartKind {
+    match std::fs::read_to_string("backup_label") {
+        Ok(label) if label.contains("BACKUP METHOD: pg_rewind") => StartKind::Rejoining,
+        Ok(_) => StartKind::Copy,
+        Err(_) if Path::new("standby.signal").exists() => StartKind::Rejoining,
+        Err(_) => StartKind::Own,
+    }
+}
+
+const REJOINING: &str = "the server restarted as a standby or was rewound by pg_rewind before its acknowledged \
+delayed commits could be compared with its own WAL (the WAL it replays now is another server's)";
+
+/// Appends crash rows straight to the report, each unknown with why and
+/// how many acknowledged commits its record held (postmaster, at start).
+fn report_unknown_now(rows: Vec<(String, u64)>) {
+    let now = crate::stats::now();
+    let mut out = String::new();
+    let mut id = next_crash_id();
+    for (why, held) in rows {
+        let held = if held > 0 { format!("; its record held {held} acknowledged delayed commits") } else { String::new() };
+        let _ = writeln!(out, "crash\t{id}\t{now}\t0\t-\t0\t0\tunknown: {}{held}", why.replace(['\t', '\n'], " "));
+        id += 1;
+    }
+    if let Err(e) = append_report(&out) {
+        pgrx::warning!("delayed_durability: a crash cannot be reported: could not write \"{REPORT_FILE}\": {e}");
+        POSTMASTER.unwritten.borrow_mut().push((now, format!("{REJOINING}; could not write \"{REPORT_FILE}\": {e}")));
+    }
+}
+
+/// The crashes still pending, reported unknown (a rejoining server).
+fn pending_to_unknown() {
+    let Ok(text) = std::fs::read_to_string(PENDING_FILE) else { return };
+    let rows: Vec<(String, u64)> = parse_pending(&text)
+        .into_iter()
+        .map(|c| {
+            let why = match c.status.why_unknown() {
+                why if why.is_empty() => REJOINING.to_string(),
+                why => format!("{why}; and {REJOINING}"),
+            };
+            (why, c.entries.len() as u64 + c.summary.count)
+        })
+        .collect();
+    report_unknown_now(rows);
+    if std::fs::remove_file(PENDING_FILE).is_ok() {
+        let _ = sync_dir();
+    }
+}
+
+/// Crash ids are unique and grow: past every id pending or reported, even
+/// within one microsecond.
+fn next_crash_id() -> i64 {
+    let pending = std::fs::read_to_string(PENDING_FILE).unwrap_or_default();
+    let highest = parse_pending(&pending)
+        .iter()
+        .map(|c| c.id)
+        .chain(read_report().crashes.iter().map(|c| c.id))
+        .max()
+        .unwrap_or(0);
+    crate::stats::now().max(highest + 1)
+}
+
+/// Appends lines to the report, rewritten and renamed into place (a crash
+/// in between leaves the old report whole).
+fn append_report(lines: &str) -> std::io::Result<()> {
+    if lines.is_empty() {
+        return Ok(());
+    }
+    let mut text = std::fs::read_to_string(REPORT_FILE).unwrap_or_default();
+    text.push_str(lines);
+    let tmp = format!("{REPORT_FILE}.tmp");
+    let mut f = std::fs::File::create(&tmp)?;
+    f.write_all(text.as_bytes())?;
+    f.sync_all()?;
+    std::fs::rename(&tmp, REPORT_FILE)?;
+    sync_dir()
 }
 
 fn note_crash(prev: &Ring, control: &Control, boot_id: &[u8; ring::BOOT_ID_LEN], crash_restart: bool) {
-    if starts_from_backup_or_in_recovery() {
-        pgrx::log!(
-            "delayed_durability: the server starts from a backup or in recovery mode; its record of acknowledged delayed commits is not compared"
-        );
-        return;
+    match start_kind() {
+        StartKind::Copy => {
+            pgrx::log!(
+                "delayed_durability: the server starts from a base backup; the record of acknowledged delayed commits it holds is another server's and is not compared"
+            );
+            return;
+        }
+        StartKind::Rejoining => {
+            // A standby's own record is empty unless it crashed as a primary.
+            let s = prev.snapshot();
+            let held = s.entries.len() as u64 + s.summary.count;
+            if held > 0 || s.incomplete {
+                report_unknown_now(vec![(REJOINING.to_string(), held)]);
+            }
+            return;
+        }
+        StartKind::Own => {}
     }
     if prev.system_id() != control.system_id {
         note_unknown_crash(format!(
@@ -420,7 +538,7 @@ fn write_pending(snapshot: &Snapshot, status: Status) -> std::io::Result<()> {
     // A block still pending was never compared, and the WAL written since
     // reuses the positions past its end: it can no longer be exact.
     let mut text = String::new();
-    let mut last_id = 0;
+    let mut last_id = next_crash_id() - 1;
     if let Ok(old) = std::fs::read_to_string(PENDING_FILE) {
         for line in old.lines() {
             let mut fields: Vec<&str> = line.split('\t').collect();
@@ -435,12 +553,10 @@ fn write_pending(snapshot: &Snapshot, status: Status) -> std::io::Result<()> {
     }
     // Crashes whose rows could not be written before come first (older).
     let unwritten = POSTMASTER.unwritten.borrow().clone();
-    for (_, why) in &unwritten {
-        last_id += 1;
-        let _ =
-            writeln!(text, "crash\t{last_id}\tunknown-no-record\t0\t0\t0\t0\t0\t{}", why.replace(['\t', '\n'], " "));
+    for (noted_at, why) in &unwritten {
+        last_id = (*noted_at).max(last_id + 1);
+        let _ = writeln!(text, "crash\t{last_id}\tunknown-no-record\t0\t0\t0\t0\t0\t{}", why.replace(['\t', '\n'], " "));
     }
-    // Crash ids are unique and grow, even within one microsecond.
     let id = crate::stats::now().max(last_id + 1);
     let s = snapshot.summary;
     let _ = writeln!(
@@ -592,18 +708,9 @@ fn compare_pending() -> std::io::Result<()> {
             );
         }
     }
-    if !out.is_empty() {
-        // The whole report is rewritten and renamed into place: a crash in
-        // between leaves the old report and the pending record, never half
-        // a crash.
-        let mut text = std::fs::read_to_string(REPORT_FILE).unwrap_or_default();
-        text.push_str(&out);
-        let tmp = format!("{REPORT_FILE}.tmp");
-        let mut f = std::fs::File::create(&tmp)?;
-        f.write_all(text.as_bytes())?;
-        f.sync_all()?;
-        std::fs::rename(&tmp, REPORT_FILE)?;
-    }
+    // A crash in between leaves the old report and the pending record,
+    // never half a crash.
+    append_report(&out)?;
     std::fs::remove_file(PENDING_FILE)?;
     sync_dir()
 }

@@ -113,6 +113,8 @@ pub struct Snapshot {
     pub incomplete: bool,
     pub boot_id: [u8; BOOT_ID_LEN],
     pub persistent: bool,
+    /// The cluster the record belongs to.
+    pub system_id: u64,
 }
 
 #[derive(Clone, Copy)]
@@ -242,6 +244,7 @@ impl Ring {
             incomplete: h.incomplete.load(Ordering::Relaxed) != 0,
             boot_id: h.boot_id,
             persistent: h.persistent != 0,
+            system_id: h.system_id,
         }
     }
 
