@@ -175,17 +175,24 @@ $reload->safe_psql('postgres', "INSERT INTO t SELECT g, 'after reload' FROM gene
 $acked += 100;
 $log_start = -s $reload->logfile;
 my $walwriter = $reload->safe_psql('postgres', "SELECT pid FROM pg_stat_activity WHERE backend_type = 'walwriter'");
+my $postmaster = (split /\n/, slurp_file($reload->data_dir . '/postmaster.pid'))[0];
 kill 'KILL', $walwriter;
 ok($reload->poll_query_until('postgres', "SELECT pid <> $walwriter FROM pg_stat_activity WHERE backend_type = 'walwriter'"),
 	'wal_sync_method changed by reload: a backend crash does not stop the server');
 $log = substr(slurp_file($reload->logfile), $log_start);
-like($log, qr/not used until the next start: it requires wal_sync_method = fdatasync/, 'the crash restart says the buffer is off, and why');
+like($log, qr/restored \d+ bytes of WAL .*not used until the next start: it requires wal_sync_method = fdatasync/s,
+	'the crash restart restores the buffer, then says it is off, and why');
 unlike($log, qr/FATAL:  .*(?:wal_sync_method|buffer)|database system is shut down/, 'no FATAL of the buffer, no shutdown at the crash restart');
 is(buffer_in_use($reload), 'f', 'after the crash restart the buffer is not in use');
 kill_everything($reload);
 stop_fsync_trace($trace);
-my ($zeroed) = zero_unsynced_wal($reload, $trace);
-cmp_ok($zeroed, '>', 0, 'power cut after the crash restart');
+# The postmaster never writes WAL but to restore the buffer: its writes to
+# pg_wal are the restore, seen from outside the server. (A crash restart
+# also fsyncs the data directory, so the power cut below may find nothing
+# left to cut; the restore is what the strace shows.)
+my $restore_writes = () = slurp_file($trace->{file}) =~ /^$postmaster\s+pwrite64\(\d+<[^>]*\/pg_wal\/[0-9A-F]{24}>/mg;
+cmp_ok($restore_writes, '>', 0, 'the crash restart wrote the buffer\'s WAL back into pg_wal (strace)');
+zero_unsynced_wal($reload, $trace);
 $reload->append_conf('postgresql.conf', "wal_sync_method = fdatasync\n");
 $reload->start;
 is($reload->safe_psql('postgres', 'SELECT count(*) FROM t'), $acked, 'every acknowledged commit survives');

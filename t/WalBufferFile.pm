@@ -1,5 +1,5 @@
 # An independent reader (and forger) of the persistent WAL buffer file,
-# written from the format documented in README, not from the extension's
+# written from the format documented in docs/internals.md, not from the extension's
 # code: the tests use it to find the last real WAL fsync position and to
 # build damaged or foreign buffers.
 package WalBufferFile;

@@ -1,5 +1,5 @@
 //! Layout of the buffer file. Little-endian and fixed, documented in
-//! README ("Persistent WAL buffer: file format") so that tests and tools can
+//! docs/internals.md ("File format") so that tests and tools can
 //! read a buffer without this code.
 //!
 //! A 4 kB header is followed by the record area. Records are appended one
@@ -25,10 +25,13 @@ pub const OFF_TAIL: usize = 40;
 pub const OFF_SYNCED_LSN: usize = 48;
 pub const OFF_SYNCED_TLI: usize = 56;
 /// The data directory of the server that formatted the buffer (its owner):
-/// length, CRC32C of the path, then the path's bytes. Zero length in a
-/// buffer formatted before the field existed: no owner recorded.
+/// path length, CRC32C of the device, inode and path, the device and inode
+/// of the directory, then the path's bytes. Zero length in a buffer
+/// formatted before the field existed: no owner recorded.
 pub const OFF_OWNER_LEN: usize = 64;
 pub const OFF_OWNER_CRC: usize = 68;
+pub const OFF_OWNER_DEV: usize = 72;
+pub const OFF_OWNER_INO: usize = 80;
 pub const OFF_OWNER: usize = 128;
 pub const MAX_OWNER_LEN: usize = HEADER_SIZE - OFF_OWNER;
 const FIXED_FIELDS_END: usize = 32;
@@ -59,11 +62,23 @@ pub fn put_u64(b: &mut [u8], off: usize, v: u64) {
     b[off..off + 8].copy_from_slice(&v.to_le_bytes());
 }
 
+/// The data directory a buffer belongs to.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Owner {
+    pub path: String,
+    pub dev: u64,
+    pub ino: u64,
+}
+
+fn owner_crc(h: &[u8], path: &[u8]) -> u32 {
+    crc32c(crc32c(0, &h[OFF_OWNER_DEV..OFF_OWNER_INO + 8]), path)
+}
+
 /// A fresh header: identity fields, their CRC, empty record area, and the
-/// owner's data directory (cut to what the header holds).
-pub fn new_header(segment_size: u32, system_id: u64, capacity: u64, owner: &str) -> Vec<u8> {
-    let owner = &owner.as_bytes()[..owner.len().min(MAX_OWNER_LEN)];
-    let mut h = vec![0u8; OFF_OWNER + owner.len()];
+/// owner (a path too long for the header is recorded as none).
+pub fn new_header(segment_size: u32, system_id: u64, capacity: u64, owner: &Owner) -> Vec<u8> {
+    let path = if owner.path.len() <= MAX_OWNER_LEN { owner.path.as_bytes() } else { &[] };
+    let mut h = vec![0u8; OFF_OWNER + path.len()];
     h[OFF_MAGIC..OFF_MAGIC + 8].copy_from_slice(&MAGIC);
     put_u32(&mut h, OFF_VERSION, VERSION);
     put_u32(&mut h, OFF_SEGMENT_SIZE, segment_size);
@@ -71,15 +86,20 @@ pub fn new_header(segment_size: u32, system_id: u64, capacity: u64, owner: &str)
     put_u64(&mut h, OFF_CAPACITY, capacity);
     let crc = crc32c(0, &h[..FIXED_FIELDS_END]);
     put_u32(&mut h, OFF_HEADER_CRC, crc);
-    put_u32(&mut h, OFF_OWNER_LEN, owner.len() as u32);
-    put_u32(&mut h, OFF_OWNER_CRC, crc32c(0, owner));
-    h[OFF_OWNER..].copy_from_slice(owner);
+    if !path.is_empty() {
+        put_u32(&mut h, OFF_OWNER_LEN, path.len() as u32);
+        put_u64(&mut h, OFF_OWNER_DEV, owner.dev);
+        put_u64(&mut h, OFF_OWNER_INO, owner.ino);
+        h[OFF_OWNER..].copy_from_slice(path);
+        let crc = owner_crc(&h, path);
+        put_u32(&mut h, OFF_OWNER_CRC, crc);
+    }
     h
 }
 
-/// The owner's data directory; None when none is recorded. Err when the
-/// field does not check out.
-pub fn owner(h: &[u8]) -> Result<Option<&str>, &'static str> {
+/// The owner; None when none is recorded. Err when the field does not
+/// check out (a format torn by a crash): the owner is then unknown.
+pub fn owner(h: &[u8]) -> Result<Option<Owner>, &'static str> {
     let len = get_u32(h, OFF_OWNER_LEN) as usize;
     if len == 0 {
         return Ok(None);
@@ -87,11 +107,12 @@ pub fn owner(h: &[u8]) -> Result<Option<&str>, &'static str> {
     if len > MAX_OWNER_LEN || h.len() < OFF_OWNER + len {
         return Err("invalid owner length");
     }
-    let owner = &h[OFF_OWNER..OFF_OWNER + len];
-    if crc32c(0, owner) != get_u32(h, OFF_OWNER_CRC) {
+    let path = &h[OFF_OWNER..OFF_OWNER + len];
+    if owner_crc(h, path) != get_u32(h, OFF_OWNER_CRC) {
         return Err("owner checksum mismatch");
     }
-    std::str::from_utf8(owner).map(Some).map_err(|_| "owner is not a path")
+    let path = std::str::from_utf8(path).map_err(|_| "owner is not a path")?;
+    Ok(Some(Owner { path: path.to_string(), dev: get_u64(h, OFF_OWNER_DEV), ino: get_u64(h, OFF_OWNER_INO) }))
 }
 
 pub fn header_crc_ok(h: &[u8]) -> bool {
@@ -216,18 +237,24 @@ mod tests {
 
     #[test]
     fn owner_round_trip() {
-        let h = new_header(16 << 20, 42, 1 << 20, "/var/lib/postgresql/15/main");
+        let me = Owner { path: "/var/lib/postgresql/15/main".into(), dev: 2049, ino: 131_075 };
+        let h = new_header(16 << 20, 42, 1 << 20, &me);
         let mut page = vec![0u8; HEADER_SIZE];
         page[..h.len()].copy_from_slice(&h);
         assert!(header_crc_ok(&page));
-        assert_eq!(owner(&page), Ok(Some("/var/lib/postgresql/15/main")));
+        assert_eq!(owner(&page), Ok(Some(me.clone())));
         page[OFF_OWNER + 3] ^= 1;
         assert_eq!(owner(&page), Err("owner checksum mismatch"));
-        // A header written before the field existed.
-        let old = new_header(16 << 20, 42, 1 << 20, "");
-        let mut page = vec![0u8; HEADER_SIZE];
-        page[..old.len()].copy_from_slice(&old);
-        assert_eq!(owner(&page), Ok(None));
+        page[OFF_OWNER + 3] ^= 1;
+        page[OFF_OWNER_INO] ^= 1;
+        assert_eq!(owner(&page), Err("owner checksum mismatch"));
+        // A header written before the field existed, or a path too long.
+        let none = Owner { path: "x".repeat(MAX_OWNER_LEN + 1), dev: 1, ino: 1 };
+        for h in [new_header(16 << 20, 42, 1 << 20, &none)] {
+            let mut page = vec![0u8; HEADER_SIZE];
+            page[..h.len()].copy_from_slice(&h);
+            assert_eq!(owner(&page), Ok(None));
+        }
     }
 
     #[test]

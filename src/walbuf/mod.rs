@@ -94,8 +94,10 @@ pub fn active() -> bool {
 /// For other records that must survive a machine crash (postmaster only,
 /// after the buffer started).
 pub fn persistent_memory_sibling(suffix: &str) -> Option<CString> {
+    // Where the buffer file is, not whether this run uses it: the record
+    // must be found again after a crash whatever the run's mode was.
     let (map, path) = (GLOBAL.map.get()?, GLOBAL.path.get()?);
-    if !active() || !map.is_pmem {
+    if !map.is_pmem {
         return None;
     }
     let path = path.to_str().ok()?;
@@ -191,6 +193,9 @@ fn start(path: &'static CStr, shared: *mut ring::Shared) {
         Ok(r) => r,
         Err(problem) => refuse(&shown, problem),
     };
+    if let Some(why) = restored.owner_unreadable {
+        pgrx::warning!("delayed_durability: the owner recorded in the persistent WAL buffer \"{shown}\" cannot be read ({why}); it is taken as this server's");
+    }
     if let Some(whose) = &restored.taken_over {
         pgrx::log!("delayed_durability: the persistent WAL buffer \"{shown}\" held {whose}; this server takes it over");
     }
@@ -226,6 +231,22 @@ fn start(path: &'static CStr, shared: *mut ring::Shared) {
     } else {
         unusable_settings()
     };
+    // The interposition is installed at the first start whatever this run
+    // does with the buffer (it passes every call through while the buffer
+    // is off): a platform where it cannot work is refused here, never at a
+    // crash restart that would turn the buffer on.
+    if first_start {
+        if let Err(e) = interpose::install() {
+            fatal(
+                PgSqlErrorCode::ERRCODE_FEATURE_NOT_SUPPORTED,
+                "delayed_durability: cannot intercept WAL writes on this platform".into(),
+                Some(e),
+                "Empty delayed_durability.wal_buffer_path to run without the persistent WAL buffer.",
+            );
+        }
+        // SAFETY: registering a process-exit callback in the postmaster.
+        unsafe { pg_sys::on_proc_exit(Some(drain_at_exit), pg_sys::Datum::from(0)) };
+    }
     // SAFETY: the postmaster's own shared memory, before any child exists.
     let shared = unsafe { &mut *shared };
     shared.is_pmem = map.is_pmem;
@@ -243,17 +264,7 @@ fn start(path: &'static CStr, shared: *mut ring::Shared) {
         return;
     }
     shared.enabled = true;
-    if !INTERPOSED.swap(true, Ordering::Relaxed) {
-        if let Err(e) = interpose::install() {
-            fatal(
-                PgSqlErrorCode::ERRCODE_FEATURE_NOT_SUPPORTED,
-                "delayed_durability: cannot intercept WAL writes on this platform".into(),
-                Some(e),
-                "Empty delayed_durability.wal_buffer_path to run without the persistent WAL buffer.",
-            );
-        }
-        // SAFETY: registering a process-exit callback in the postmaster.
-        unsafe { pg_sys::on_proc_exit(Some(drain_at_exit), pg_sys::Datum::from(0)) };
+    if !ANNOUNCED.swap(true, Ordering::Relaxed) {
         if !map.is_pmem {
             pgrx::warning!(
                 "delayed_durability: \"{shown}\" is not on persistent memory; every commit pays an msync() instead of an fsync, so no speed-up is to be expected"
@@ -268,8 +279,8 @@ fn start(path: &'static CStr, shared: *mut ring::Shared) {
     ACTIVE.store(true, Ordering::Relaxed);
 }
 
-/// The interposition is installed (once per postmaster).
-static INTERPOSED: AtomicBool = AtomicBool::new(false);
+/// The buffer's use was logged (once per postmaster).
+static ANNOUNCED: AtomicBool = AtomicBool::new(false);
 
 /// Why the settings do not let this run use the buffer, if they do not.
 /// Checked after the restore, at every start: wal_sync_method can change by
@@ -411,19 +422,39 @@ acknowledged since the last WAL fsync that are not in pg_wal would then be lost.
             format!("The buffer's system identifier is {buffer}, this cluster's is {cluster}."),
         ),
         Problem::OtherDataDirectory { owner, empty } => {
-            let detail = format!(
-                "The buffer was formatted by the server of data directory \"{owner}\", a server of the same database system{}.",
-                if empty { "" } else { ", and holds WAL that server may still need" }
-            );
+            let (detail, hint) = if empty {
+                (
+                    format!("The buffer is empty; it was formatted by the server of data directory \"{owner}\", a server of the same database system."),
+                    "Each server needs its own buffer file. A copy of a data directory (pg_basebackup, a file \
+system copy) keeps the original's settings: set delayed_durability.wal_buffer_path of this server to \
+another file. pg_wal was not modified.".to_string(),
+                )
+            } else {
+                (
+                    format!("The buffer holds WAL of the server of data directory \"{owner}\", a server of the same database system."),
+                    format!("If this is a copy, set its delayed_durability.wal_buffer_path to another file. If this \
+data directory was moved from \"{owner}\", start it once from there, which restores the buffer, and stop it \
+cleanly before moving it: moving the buffer file away instead loses the commits acknowledged through it. \
+pg_wal was not modified."),
+                )
+            };
             fatal(
                 PgSqlErrorCode::ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
                 format!("persistent WAL buffer \"{shown}\" belongs to another server"),
                 Some(detail),
-                "Each server needs its own buffer file. A copy of a data directory (pg_basebackup, a file \
-system copy) keeps the original's settings: set delayed_durability.wal_buffer_path of this server to \
-another file, or empty it. pg_wal was not modified.",
+                &hint,
             )
         }
+        Problem::ReplacedDataDirectory => fatal(
+            PgSqlErrorCode::ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
+            format!("persistent WAL buffer \"{shown}\" holds WAL this data directory no longer has"),
+            Some("The data directory starts from a base backup or was rewound by pg_rewind (it holds a backup_label) \
+since the buffer was written: restoring that WAL into it would corrupt it.".into()),
+            "Commits acknowledged through this buffer are not in this data directory. If pg_rewind ran, its \
+single-user crash recovery did not load delayed_durability (give pg_rewind --config-file when postgresql.conf \
+is outside the data directory); otherwise the backup replaced the data directory the WAL belongs to. Move the \
+buffer file away to start. pg_wal was not modified.",
+        ),
         Problem::SegmentSize { buffer, cluster } => (
             PgSqlErrorCode::ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
             format!("persistent WAL buffer \"{shown}\" was written with another WAL segment size"),

@@ -11,12 +11,16 @@ use std::collections::BTreeMap;
 use std::os::unix::fs::FileExt;
 
 /// What the buffer must match: read from pg_control, and the data
-/// directory (the server's working directory, resolved).
+/// directory (the server's working directory: its resolved path, device
+/// and inode).
 pub struct Cluster {
     pub system_id: u64,
     pub segment_size: u64,
     pub timeline: u32,
-    pub data_dir: String,
+    pub data_dir: format::Owner,
+    /// The data directory holds a backup_label: it was made by a base
+    /// backup or rewound by pg_rewind, and has not written any WAL since.
+    pub from_backup: bool,
 }
 
 pub enum Problem {
@@ -33,6 +37,9 @@ pub enum Problem {
         owner: String,
         empty: bool,
     },
+    /// WAL in the buffer of a data directory that a base backup or
+    /// pg_rewind has since replaced: not this data directory's any more.
+    ReplacedDataDirectory,
     SegmentSize {
         buffer: u64,
         cluster: u64,
@@ -58,6 +65,8 @@ pub struct Restored {
     pub segments: usize,
     /// An empty buffer that was not this server's, taken over: whose.
     pub taken_over: Option<String>,
+    /// The owner field could not be read (a format torn by a crash): why.
+    pub owner_unreadable: Option<&'static str>,
 }
 
 /// True when the file holds no buffer yet (all zero header).
@@ -86,41 +95,48 @@ pub fn restore(map: &Mapping, cluster: &Cluster, write_back: bool) -> Result<Res
     if HEADER_SIZE + capacity > map.len || tail > capacity {
         return Err(Problem::BadHeader("record area larger than the file"));
     }
-    let owner = format::owner(bytes).map_err(Problem::BadHeader)?;
+    // An owner field torn by a crash during formatting is not needed to
+    // restore: unknown, and said so.
+    let (owner, owner_unreadable) = match format::owner(bytes) {
+        Ok(owner) => (owner, None),
+        Err(why) => (None, Some(why)),
+    };
     let system_id = format::get_u64(bytes, format::OFF_SYSTEM_ID);
     let segment_size = format::get_u32(bytes, format::OFF_SEGMENT_SIZE) as u64;
     let empty = tail == 0;
+    let taken_over = |whose: String| Ok(Restored { taken_over: Some(whose), owner_unreadable, ..Restored::default() });
     if system_id != cluster.system_id || segment_size != cluster.segment_size {
         // A buffer that holds nothing (drained at a clean stop, before a
         // re-initdb or pg_upgrade that kept the path) costs nothing to take.
         if empty {
-            return Ok(Restored {
-                taken_over: Some(format!(
-                    "an empty buffer of database system {system_id}{}",
-                    owner.map(|o| format!(" (data directory \"{o}\")")).unwrap_or_default()
-                )),
-                ..Restored::default()
-            });
+            let dir = owner.as_ref().map(|o| format!(" (data directory \"{}\")", o.path)).unwrap_or_default();
+            return taken_over(format!("an empty buffer of database system {system_id}{dir}"));
         }
         if system_id != cluster.system_id {
             return Err(Problem::OtherCluster { buffer: system_id, cluster: cluster.system_id });
         }
         return Err(Problem::SegmentSize { buffer: segment_size, cluster: cluster.segment_size });
     }
-    if let Some(owner) = owner.filter(|o| *o != cluster.data_dir) {
+    // The same directory: same path and inode (a device number may change
+    // across a reboot). A buffer of an earlier version names no owner.
+    let ours = owner.as_ref().is_none_or(|o| o.path == cluster.data_dir.path && o.ino == cluster.data_dir.ino);
+    if let Some(owner) = owner.filter(|_| !ours) {
         // Same system, another data directory: a copy of one of the two
         // (pg_basebackup on the same host inherits the path). Only an empty
         // buffer whose owner no longer holds this system (a data directory
         // moved after a clean stop) is taken.
-        if empty && !holds_system(owner, system_id) {
-            return Ok(Restored {
-                taken_over: Some(format!(
-                    "the empty buffer of data directory \"{owner}\", which no longer holds this database system"
-                )),
-                ..Restored::default()
-            });
+        if empty && !holds_system(&owner.path, system_id) {
+            return taken_over(format!(
+                "the empty buffer of data directory \"{}\", which no longer holds this database system",
+                owner.path
+            ));
         }
-        return Err(Problem::OtherDataDirectory { owner: owner.to_string(), empty });
+        return Err(Problem::OtherDataDirectory { owner: owner.path, empty });
+    }
+    // This data directory was replaced by a base backup or rewound since
+    // the buffer was written: its WAL is not this data directory's.
+    if !empty && cluster.from_backup {
+        return Err(Problem::ReplacedDataDirectory);
     }
 
     // Pass 1: every record is intact, on a timeline of this cluster, and
@@ -128,7 +144,7 @@ pub fn restore(map: &Mapping, cluster: &Cluster, write_back: bool) -> Result<Res
     let area = &bytes[HEADER_SIZE..HEADER_SIZE + tail];
     let mut writes: BTreeMap<(u32, u64), Vec<(u64, &[u8], u32)>> = BTreeMap::new();
     let mut offset = 0;
-    let mut restored = Restored::default();
+    let mut restored = Restored { owner_unreadable, ..Restored::default() };
     while offset < tail {
         let (record, next) = format::read_record(area, offset)
             .map_err(|e| Problem::Corrupted { offset, checksum: matches!(e, ReadError::BadChecksum) })?;
@@ -179,6 +195,14 @@ pub fn restore(map: &Mapping, cluster: &Cluster, write_back: bool) -> Result<Res
     Ok(restored)
 }
 
+/// The server's working directory: its resolved path, device and inode.
+fn data_directory() -> Result<format::Owner, String> {
+    use std::os::unix::fs::MetadataExt;
+    let path = std::fs::canonicalize(".").map_err(|e| format!("could not resolve the data directory: {e}"))?;
+    let meta = std::fs::metadata(&path).map_err(|e| format!("could not stat the data directory: {e}"))?;
+    Ok(format::Owner { path: path.to_string_lossy().into_owned(), dev: meta.dev(), ino: meta.ino() })
+}
+
 /// Whether `dir` is the data directory of database system `system_id`.
 fn holds_system(dir: &str, system_id: u64) -> bool {
     std::fs::read(format!("{dir}/global/pg_control"))
@@ -208,14 +232,12 @@ pub fn read_control_file(segment_size: u64) -> Result<Cluster, String> {
     if bytes.len() < tli_offset + 4 {
         return Err("\"global/pg_control\" is too short".into());
     }
-    let data_dir = std::fs::canonicalize(".")
-        .map_err(|e| format!("could not resolve the data directory: {e}"))?
-        .to_string_lossy()
-        .into_owned();
+    let data_dir = data_directory()?;
     Ok(Cluster {
         system_id: format::get_u64(&bytes, std::mem::offset_of!(ControlFileData, system_identifier)),
         segment_size,
         timeline: format::get_u32(&bytes, tli_offset),
         data_dir,
+        from_backup: std::path::Path::new("backup_label").exists(),
     })
 }
