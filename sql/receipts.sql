@@ -131,3 +131,12 @@ DROP OWNED BY dd_receipt_user;
 DROP ROLE dd_receipt_user;
 SELECT delayed_durability_lost_commits_reset();
 DROP TABLE r;
+
+-- pg_monitor reads the crash report, as it reads PostgreSQL's own
+-- monitoring views.
+CREATE ROLE regress_dd_monitor IN ROLE pg_monitor;
+SET ROLE regress_dd_monitor;
+SELECT count(*) >= 0 AS monitor_reads_crashes FROM delayed_durability_crashes;
+SELECT count(*) >= 0 AS monitor_reads_lost_commits FROM delayed_durability_lost_commits;
+RESET ROLE;
+DROP ROLE regress_dd_monitor;

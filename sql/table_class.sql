@@ -280,3 +280,33 @@ SELECT pg_current_wal_flush_lsn() > :'before_call'::pg_lsn AS cached_nextval_rec
 COMMIT;
 SELECT tc_flushed() AS cached_nextval_commit_flushed;
 RESET delayed_durability.mode;
+
+-- Only delayed_durability_set_table_class() changes the configuration
+-- table, whatever the grants: a routine GRANT ALL ON ALL TABLES IN SCHEMA
+-- public does not let a role clear a durable class.
+CREATE TABLE granted_payments (id int);
+SELECT delayed_durability_set_table_class('granted_payments', 'durable');
+CREATE ROLE regress_tc_app;
+GRANT ALL ON ALL TABLES IN SCHEMA public TO regress_tc_app;
+SET ROLE regress_tc_app;
+DELETE FROM delayed_durability_table_class_config;
+UPDATE delayed_durability_table_class_config SET class = 'delayed';
+INSERT INTO delayed_durability_table_class_config VALUES ('tgt', 'delayed');
+TRUNCATE delayed_durability_table_class_config;
+-- Nor inside a subtransaction after a failed call of the function.
+DO $$
+BEGIN
+  BEGIN
+    PERFORM delayed_durability_set_table_class('granted_payments', NULL);
+  EXCEPTION WHEN insufficient_privilege THEN NULL;
+  END;
+  DELETE FROM delayed_durability_table_class_config;
+END $$;
+RESET ROLE;
+SELECT "table", class FROM delayed_durability_table_classes WHERE "table" = 'granted_payments';
+-- The owner still sets classes through the function.
+SELECT delayed_durability_set_table_class('granted_payments', NULL);
+SELECT count(*) AS cleared FROM delayed_durability_table_classes WHERE "table" = 'granted_payments';
+REVOKE ALL ON ALL TABLES IN SCHEMA public FROM regress_tc_app;
+DROP TABLE granted_payments;
+DROP ROLE regress_tc_app;

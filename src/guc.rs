@@ -19,17 +19,23 @@ pub enum Mode {
 pub static MODE: GucSetting<Mode> = GucSetting::<Mode>::new(Mode::Disabled);
 
 pub fn define() {
-    GucRegistry::define_enum_guc(
-        c"delayed_durability.mode",
-        c"Delayed durability policy: disabled, allowed or forced.",
-        c"disabled makes every commit durable (synchronous_commit = off is raised to on); \
+    // SAFETY: the assign hook raises nothing (it stores an integer).
+    unsafe {
+        GucRegistry::define_enum_guc_with_hooks(
+            c"delayed_durability.mode",
+            c"Delayed durability policy: disabled, allowed or forced.",
+            c"disabled makes every commit durable (synchronous_commit = off is raised to on); \
 allowed lets a transaction opt in with commit_delayed() or synchronous_commit = off; \
 forced delays every commit that PostgreSQL does not itself force durable.",
-        &MODE,
-        // Superuser-only: a non-superuser must not be able to weaken durability.
-        GucContext::Suset,
-        GucFlags::default(),
-    );
+            &MODE,
+            // Superuser-only: a non-superuser must not be able to weaken durability.
+            GucContext::Suset,
+            GucFlags::default(),
+            None,
+            Some(crate::settings::assign_mode),
+            None,
+        );
+    }
 }
 
 /// Called after every GUC of the extension is defined: settings of this

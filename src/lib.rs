@@ -16,6 +16,7 @@ mod nothrow;
 mod preload;
 mod receipts;
 mod sequence;
+mod settings;
 mod shmem;
 mod stats;
 mod table_class;
@@ -46,6 +47,7 @@ pub extern "C-unwind" fn _PG_init() {
     shmem::register(shmem::Region { request: walbuf::request_shared_memory, attach: walbuf::attach_shared_memory });
     // After the WAL buffer: its restore runs before the ring is compared.
     shmem::register(shmem::Region { request: loss::request_shared_memory, attach: loss::attach_shared_memory });
+    shmem::register(shmem::Region { request: settings::request_shared_memory, attach: settings::attach_shared_memory });
     shmem::register(shmem::Region {
         request: table_class::request_shared_memory,
         attach: table_class::attach_shared_memory,
@@ -130,6 +132,8 @@ CREATE VIEW delayed_durability_lost_commits AS
       LEFT JOIN pg_catalog.pg_database AS d ON d.oid = l.datid;
 
 REVOKE ALL ON delayed_durability_crashes, delayed_durability_lost_commits FROM PUBLIC;
+-- Read-only monitoring, as PostgreSQL grants its own monitoring views.
+GRANT SELECT ON delayed_durability_crashes, delayed_durability_lost_commits TO pg_monitor;
 REVOKE ALL ON FUNCTION delayed_durability_lost_commits_reset() FROM PUBLIC;
 "#,
     name = "views_and_wrappers",

@@ -13,6 +13,11 @@ pub fn mark_preloaded() {
     PRELOADED.store(true, Ordering::Relaxed);
 }
 
+/// The library was loaded through shared_preload_libraries.
+pub fn preloaded() -> bool {
+    PRELOADED.load(Ordering::Relaxed)
+}
+
 /// Raises an error with a hint when the library was loaded on demand (by a
 /// function call) instead of through `shared_preload_libraries`.
 pub fn require_preloaded() {

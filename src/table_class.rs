@@ -85,6 +85,9 @@ struct Cache {
     /// An invalidation of the marker relation (or of everything) arrived
     /// since this was last cleared (see commit_prepared_completed).
     marker_seen: Cell<bool>,
+    /// delayed_durability_set_table_class() is writing the configuration
+    /// table (its guard trigger lets that write through).
+    setting_class: Cell<bool>,
 }
 // SAFETY: a PostgreSQL backend runs this code on one thread only.
 unsafe impl Sync for Cache {}
@@ -100,6 +103,7 @@ static CACHE: Cache = Cache {
     loading: Cell::new(false),
     loaded_in_transaction: Cell::new(false),
     marker_seen: Cell::new(false),
+    setting_class: Cell::new(false),
 };
 
 // Called through pg_guard_ffi_boundary where they can raise an error.
@@ -371,8 +375,48 @@ fn delayed_durability_set_table_class(tbl: Option<pg_sys::Oid>, class: Option<&s
         .report(PgLogLevel::ERROR);
     }
     let class_ptr = class.map_or(std::ptr::null(), |c| c.as_ptr());
+    // Lets this write through the configuration table's guard trigger,
+    // only for its duration: an error unwinds through the guard, which
+    // clears it, so a caught error leaves no opening behind.
+    struct Writing;
+    impl Drop for Writing {
+        fn drop(&mut self) {
+            CACHE.setting_class.set(false);
+        }
+    }
+    let _writing = Writing;
+    CACHE.setting_class.set(true);
     // SAFETY: checks and SPI in C; errors are raised through the guard.
     unsafe { pg_sys::ffi::pg_guard_ffi_boundary(|| dd_table_class_set(config, relid, class_ptr)) };
+}
+
+/// The configuration table's guard: rows change only through
+/// delayed_durability_set_table_class(), whatever the grants (a routine
+/// `GRANT ALL ON ALL TABLES IN SCHEMA public` would otherwise let any role
+/// clear a durable class). Superusers pass (pg_restore loads the rows, the
+/// event trigger forgets dropped tables as the extension's owner); the
+/// trigger is an ordinary one, so a logical replication apply worker
+/// (session_replication_role = replica) passes too.
+#[pg_trigger]
+fn delayed_durability_table_class_config_guard<'a>(
+    trigger: &'a pgrx::PgTrigger<'a>,
+) -> Result<Option<PgHeapTuple<'a, pgrx::AllocatedByPostgres>>, pgrx::PgTriggerError> {
+    // SAFETY: reads the current user's superuser flag (a syscache lookup, guarded).
+    if !CACHE.setting_class.get() && !unsafe { pg_sys::superuser() } {
+        pg_sys::panic::ErrorReport::new(
+            PgSqlErrorCode::ERRCODE_INSUFFICIENT_PRIVILEGE,
+            "permission denied for table delayed_durability_table_class_config",
+            function_name!(),
+        )
+        .set_detail("Durability classes change only through delayed_durability_set_table_class().")
+        .set_hint("Call delayed_durability_set_table_class(table, class) as the table's owner.")
+        .report(PgLogLevel::ERROR);
+    }
+    Ok(match trigger.op()? {
+        pgrx::PgTriggerOperation::Delete => trigger.old(),
+        pgrx::PgTriggerOperation::Truncate => None,
+        _ => trigger.new(),
+    })
 }
 
 /// Called by the configuration table's triggers: every backend reads the
@@ -456,4 +500,20 @@ GRANT SELECT ON delayed_durability_table_classes TO PUBLIC;
 "#,
     name = "table_classes",
     requires = [delayed_durability_table_classes_changed],
+);
+
+pgrx::extension_sql!(
+    r#"
+REVOKE ALL ON FUNCTION delayed_durability_table_class_config_guard() FROM PUBLIC;
+-- Ordinary triggers (not ALWAYS): a logical replication apply worker
+-- writes replicated classes past them.
+CREATE TRIGGER delayed_durability_table_class_config_guard
+    BEFORE INSERT OR UPDATE OR DELETE ON delayed_durability_table_class_config
+    FOR EACH ROW EXECUTE FUNCTION delayed_durability_table_class_config_guard();
+CREATE TRIGGER delayed_durability_table_class_config_guard_truncate
+    BEFORE TRUNCATE ON delayed_durability_table_class_config
+    FOR EACH STATEMENT EXECUTE FUNCTION delayed_durability_table_class_config_guard();
+"#,
+    name = "table_class_guard",
+    requires = ["table_classes", delayed_durability_table_class_config_guard],
 );

@@ -11,7 +11,13 @@ $node->init;
 # Nothing else writes WAL between a commit and the check of its flush.
 $node->append_conf('postgresql.conf', "autovacuum = off\n");
 $node->start;
-$node->safe_psql('postgres', 'CREATE EXTENSION delayed_durability');
+my ($create_ret, $create_out, $create_err) = $node->psql('postgres', 'CREATE EXTENSION delayed_durability', extended_stderr => 1);
+is($create_ret, 0, 'CREATE EXTENSION works without the preload');
+like($create_err, qr/WARNING:  delayed_durability is not loaded through "shared_preload_libraries": its policy is not in force/,
+	'but warns that the policy is not in force');
+like($create_err, qr/HINT:  .*SELECT \* FROM delayed_durability_settings/, 'and says where to look');
+is($node->safe_psql('postgres', 'SELECT library_preloaded, mode IS NULL, mode_source IS NULL FROM delayed_durability_settings WHERE datname = current_database()'),
+	'f|t|t', 'the settings view says the library is not preloaded, and shows no mode');
 
 for my $call ('SELECT commit_delayed()', 'SELECT flush_log()',
 	'SELECT * FROM delayed_durability_status()', 'SELECT * FROM delayed_durability_stats')
@@ -30,6 +36,8 @@ $node->append_conf('postgresql.conf', "delayed_durability.mode = 'forced'\n");
 $node->restart;
 is($node->safe_psql('postgres', "SELECT current_setting('delayed_durability.mode', true)"), 'forced',
 	'unknown to the server: a placeholder only');
+is($node->safe_psql('postgres', 'SELECT library_preloaded FROM delayed_durability_settings WHERE datname = current_database()'), 'f',
+	'the settings view is not fooled by the placeholder');
 $node->safe_psql('postgres', 'CREATE TABLE t (id int)');
 # The check is run once before the commit: reading the catalogs for it can
 # prune a catalog page, which writes WAL; it must not land between the
@@ -44,6 +52,17 @@ is((split /\n/, $flushed)[-1], 't', 'without the library commits stay durable');
 $node->append_conf('postgresql.conf', "shared_preload_libraries = 'delayed_durability'\ndelayed_durability.mode = 'sometimes'\n");
 $node->restart;
 is($node->safe_psql('postgres', 'SHOW delayed_durability.mode'), 'disabled', 'invalid value: the safe default applies');
+ok($node->log_contains(qr/LOG:  delayed_durability: cluster-wide mode = disabled, max_loss_bytes = 0, max_loss_time = 0 ms, track_lost_commits = on, wal_buffer_path = \(none\)/),
+	'the cluster-wide settings are logged at startup');
+$node->safe_psql('postgres', q{ALTER SYSTEM SET delayed_durability.mode = 'allowed'; SELECT pg_reload_conf()});
+$node->poll_query_until('postgres', q{SELECT mode = 'allowed' FROM delayed_durability_settings WHERE datname = 'postgres'})
+  or diag('the reloaded cluster mode did not reach the view');
+$node->safe_psql('postgres', q{CREATE DATABASE shop; ALTER DATABASE shop SET delayed_durability.mode = 'forced';
+ALTER DATABASE shop SET delayed_durability.max_loss_bytes = '16kB'; ALTER DATABASE shop SET delayed_durability.max_loss_time = '200ms'});
+is($node->safe_psql('postgres', q{SELECT datname, mode, mode_source, max_loss_bytes, max_loss_time, library_preloaded
+  FROM delayed_durability_settings WHERE datname IN ('postgres', 'shop') ORDER BY 1}),
+	"postgres|allowed|cluster|0|00:00:00|t\nshop|forced|database|16384|00:00:00.2|t",
+	'the settings view: each database\'s own settings over the cluster\'s, which a reload changes');
 ok($node->log_contains(qr/invalid value for parameter "delayed_durability.mode": "sometimes"/),
 	'invalid value reported in the server log');
 

@@ -59,7 +59,7 @@ my @cases = (
 	[ "SET statement_timeout = '10s'; SELECT cached_nextval('s') > 0", qr/^t$/ ],
 	# Cursors, triggers, procedures, exception blocks.
 	[ "BEGIN; DECLARE c CURSOR FOR SELECT cached_nextval('s') FROM generate_series(1, 10); FETCH 3 FROM c; FETCH 3 FROM c; CLOSE c; COMMIT;", qr/^\d+\n\d+\n\d+\n\d+\n\d+\n\d+$/ ],
-	[ "INSERT INTO t (v) SELECT g FROM generate_series(1, 20) g; SELECT count(DISTINCT id), count(DISTINCT v) FROM t", qr/^20\|20\n(.*WARNING:  commit_delayed\(\) can only be used in transaction blocks\n?){20}$/ ],
+	[ "INSERT INTO t (v) SELECT g FROM generate_series(1, 20) g; SELECT count(DISTINCT id), count(DISTINCT v) FROM t", qr/^20\|20\n(.*WARNING:  commit_delayed\(\) can only be used in transaction blocks\n.*HINT:  Outside a transaction block it has no effect.*\n?){20}$/ ],
 	[ "DO \$\$ BEGIN PERFORM commit_delayed(); PERFORM 1/0; EXCEPTION WHEN division_by_zero THEN PERFORM commit_delayed(); END \$\$", qr/^$/ ],
 	[ "CREATE PROCEDURE p() LANGUAGE plpgsql AS \$\$ BEGIN FOR i IN 1..3 LOOP PERFORM commit_delayed(); PERFORM cached_nextval('s'); PERFORM flush_log(); COMMIT; END LOOP; END \$\$; CALL p(); DROP PROCEDURE p;", qr/^$/ ],
 	[ "BEGIN; SELECT commit_delayed(); SAVEPOINT a; SELECT cached_nextval('s') > 0; ROLLBACK TO a; SELECT flush_log() IS NOT NULL; COMMIT;", qr/^f\nt\nt$/ ],
@@ -80,10 +80,11 @@ unlike($log, qr/terminated by signal|server process .* was terminated|PANIC/, 'n
 # Update path: a database created at each released version updates to the
 # current one and gets what came since (0.2.0: WAL buffer status columns;
 # 0.3.0: cached_currval/cached_lastval; 0.4.0: loss budget counter and
-# window, receipts, crash report; 0.5.0: table classes).
+# window, receipts, crash report; 0.5.0: table classes; 0.6.0: the
+# configuration table's guard, the settings view, pg_monitor's grants).
 my $current = $node->safe_psql('postgres',
 	q{SELECT default_version FROM pg_available_extensions WHERE name = 'delayed_durability'});
-is($current, '0.5.0', 'current version');
+is($current, '0.6.0', 'current version');
 my $status_columns = q{SELECT count(*) FROM pg_proc, unnest(proargnames) AS a
   WHERE proname = 'delayed_durability_status' AND a LIKE 'wal_buffer%'};
 my $currval_functions = q{SELECT count(*) FROM pg_proc WHERE proname IN ('cached_currval', 'cached_lastval')};
@@ -92,15 +93,19 @@ my $class_objects = q{SELECT (SELECT count(*) FROM pg_proc WHERE proname = 'dela
   || '|' || (SELECT count(*) FROM pg_event_trigger WHERE evtname = 'delayed_durability_forget_dropped_tables')};
 my $loss_objects = q{SELECT (SELECT count(*) FROM pg_proc WHERE proname IN ('last_commit_lsn', 'is_durable', 'wait_durable', 'delayed_durability_lost_commits_reset'))
   || '|' || (SELECT count(*) FROM pg_class WHERE relname IN ('delayed_durability_crashes', 'delayed_durability_lost_commits'))};
-for my $version ('0.1.0', '0.2.0', '0.3.0', '0.4.0')
+my $v060_objects = q{SELECT (SELECT count(*) FROM pg_trigger WHERE tgname LIKE 'delayed_durability_table_class_config_guard%')
+  || '|' || (SELECT count(*) FROM pg_class WHERE relname = 'delayed_durability_settings')
+  || '|' || coalesce((SELECT has_table_privilege('pg_monitor', oid, 'SELECT') FROM pg_class WHERE relname = 'delayed_durability_crashes'), false)};
+for my $version ('0.1.0', '0.2.0', '0.3.0', '0.4.0', '0.5.0')
 {
 	my $db = 'old_' . ($version =~ s/\./_/gr);
 	$node->safe_psql('postgres', "CREATE DATABASE $db TEMPLATE template0");
 	$node->safe_psql($db, "CREATE EXTENSION delayed_durability VERSION '$version'");
 	is($node->safe_psql($db, $status_columns), $version eq '0.1.0' ? '0' : '5', "$version: WAL buffer columns");
 	is($node->safe_psql($db, $currval_functions), $version ge '0.3.0' ? '2' : '0', "$version: cached_currval/cached_lastval");
-	is($node->safe_psql($db, $loss_objects), $version eq '0.4.0' ? '4|2' : '0|0', "$version: receipts and crash report only from 0.4.0");
-	is($node->safe_psql($db, $class_objects), '0|0|0', "$version: no table classes");
+	is($node->safe_psql($db, $loss_objects), $version ge '0.4.0' ? '4|2' : '0|0', "$version: receipts and crash report only from 0.4.0");
+	is($node->safe_psql($db, $class_objects), $version eq '0.5.0' ? '1|2|1' : '0|0|0', "$version: table classes only from 0.5.0");
+	is($node->safe_psql($db, $v060_objects), '0|0|false', "$version: no guard, no settings view, no pg_monitor grant");
 	$node->safe_psql($db, 'ALTER EXTENSION delayed_durability UPDATE');
 	is($node->safe_psql($db, q{SELECT extversion FROM pg_extension WHERE extname = 'delayed_durability'}),
 		$current, "ALTER EXTENSION UPDATE from $version reaches $current");
@@ -111,6 +116,9 @@ for my $version ('0.1.0', '0.2.0', '0.3.0', '0.4.0')
 		'1|1|1', "updated from $version: cached_currval and cached_lastval work");
 	is($node->safe_psql($db, $loss_objects), '4|2', "updated from $version: receipts and crash report");
 	is($node->safe_psql($db, $class_objects), '1|2|1', "updated from $version: table classes");
+	is($node->safe_psql($db, $v060_objects), '2|1|true', "updated from $version: guard triggers, settings view, pg_monitor grant");
+	is($node->safe_psql($db, q{SELECT mode_source, library_preloaded FROM delayed_durability_settings WHERE datname = current_database()}),
+		'cluster|t', "updated from $version: the settings view works");
 	# A class set after the update applies at once, the counters have their
 	# columns, and DROP TABLE forgets the class.
 	is($node->safe_psql($db, q{CREATE TABLE upd_c (i int);
