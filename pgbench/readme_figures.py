@@ -1,22 +1,27 @@
 #!/usr/bin/env python3
-"""README.md's figures, made from the committed results files.
+"""The manual's figures, made from the committed results files.
 
-Every table of figures in README.md stands between two markers:
+Every table of figures in README.md and docs/benchmarks.md stands between
+two markers:
 
     <!-- figures: NAME ARG... -->
     ...generated Markdown...
     <!-- /figures -->
 
 NAME picks a generator below and ARGs are results directories (relative to
-the repository). `--check` regenerates every block and fails on any
-difference, so a figure that no committed results.json backs, or one left
-stale after a new run, fails the test suite (t/023_readme_figures.pl). It
-also fails on a ratio written in the prose of the performance and
-reproduction sections ("0.97x") that no generated table of the same
-section contains. `--write` rewrites the blocks in place.
+the repository). `--check` regenerates every block of every file and fails
+on any difference, so a figure that no committed results.json backs, or
+one left stale after a new run, fails the test suite
+(t/023_readme_figures.pl). It also fails on a ratio written in the prose of
+the performance and reproduction sections ("0.97x"), in whichever file
+they are, that no generated table of the same section contains. `--write`
+rewrites the blocks in place.
 
-    python3 pgbench/readme_figures.py --check [README.md]
-    python3 pgbench/readme_figures.py --write [README.md]
+    python3 pgbench/readme_figures.py --check [FILE...]
+    python3 pgbench/readme_figures.py --write [FILE...]
+
+Without FILE: README.md and docs/benchmarks.md. The files together must
+hold at least one block.
 """
 import json
 import os
@@ -28,6 +33,8 @@ import compare_versions  # noqa: E402
 import scale_growth  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# The files whose figures are checked when none is named.
+FILES = ("README.md", os.path.join("docs", "benchmarks.md"))
 BLOCK = re.compile(r"(<!-- figures: ([^>]*?) -->\n)(.*?)(<!-- /figures -->)", re.S)
 # Sections whose prose ratios must come from a generated table.
 CHECKED_SECTIONS = ("## Performance", "## Reproducing the articles")
@@ -284,35 +291,57 @@ def prose_ratios_unbacked(text):
     return problems
 
 
-def main():
-    if len(sys.argv) < 2 or sys.argv[1] not in ("--check", "--write"):
-        sys.exit(__doc__)
-    path = sys.argv[2] if len(sys.argv) > 2 else os.path.join(ROOT, "README.md")
+def display_name(path):
+    full = os.path.abspath(path)
+    return os.path.relpath(full, ROOT) if full.startswith(ROOT + os.sep) else path
+
+
+def check_file(path, write):
+    """Regenerates the blocks of one file; returns its problems and block count."""
     with open(path) as f:
         text = f.read()
+    name = display_name(path)
     problems = []
 
     def replace(m):
         try:
             new = render(m.group(2))
         except (OSError, KeyError, ValueError, IndexError) as e:
-            problems.append(f"block '{m.group(2)}': its results cannot be read ({type(e).__name__}: {e})")
+            problems.append(f"{name}: block '{m.group(2)}': its results cannot be read ({type(e).__name__}: {e})")
             return m.group(0)
         if new != m.group(3):
-            problems.append(f"block '{m.group(2)}' differs from its results:\n--- README\n{m.group(3)}--- results\n{new}")
+            problems.append(f"{name}: block '{m.group(2)}' differs from its results:\n--- {name}\n{m.group(3)}"
+                            f"--- results\n{new}")
         return m.group(1) + new + m.group(4)
 
     updated = BLOCK.sub(replace, text)
-    if not BLOCK.search(text):
-        problems.append("no figures blocks found")
-    if sys.argv[1] == "--write":
+    if write:
         with open(path, "w") as f:
             f.write(updated)
         problems = [p for p in problems if "differs from its results" not in p]
-    problems += prose_ratios_unbacked(updated)
+    problems += [f"{name}: {p}" for p in prose_ratios_unbacked(updated)]
+    return problems, len(BLOCK.findall(text))
+
+
+def main():
+    if len(sys.argv) < 2 or sys.argv[1] not in ("--check", "--write"):
+        sys.exit(__doc__)
+    paths = sys.argv[2:] or [os.path.join(ROOT, f) for f in FILES]
+    problems, blocks, counts = [], 0, []
+    for path in paths:
+        try:
+            found, n = check_file(path, sys.argv[1] == "--write")
+        except OSError as e:
+            found, n = [f"{path}: cannot be read ({e})"], 0
+        problems += found
+        blocks += n
+        counts.append(f"readme_figures: {display_name(path)}: {n} blocks")
+    if blocks == 0:
+        problems.append("no figures blocks found")
     for p in problems:
         print(p)
-    blocks = len(BLOCK.findall(text))
+    for line in counts:
+        print(line)
     print(f"readme_figures: {blocks} blocks, {len(problems)} problems")
     sys.exit(1 if problems else 0)
 

@@ -101,7 +101,9 @@ clean_shm() {
     done
 }
 trap clean_shm EXIT
-cp -r "$REPO_ROOT/sql" "$REPO_ROOT/expected" "$REPO_ROOT/t" "$REPO_ROOT/pgbench" "$REPO_ROOT/README.md" "$work/"
+for part in sql expected t pgbench README.md docs CHANGELOG.md; do
+    if [ -e "$REPO_ROOT/$part" ]; then cp -r "$REPO_ROOT/$part" "$work/"; fi
+done
 chown -R postgres: "$work"
 
 if [ $run_unit = 1 ]; then
