@@ -12,7 +12,7 @@ PG_BUILD_CACHE=${PG_BUILD_CACHE:-/var/cache/delayed_durability}
 DEBIAN_PG_MAJOR=15
 SUPPORTED_PG_MAJORS="15 17 18"
 APT_PACKAGES="postgresql-$DEBIAN_PG_MAJOR postgresql-server-dev-$DEBIAN_PG_MAJOR postgresql-contrib libclang-dev clang
-  libpmem-dev libipc-run-perl pkg-config build-essential procps python3 python3-matplotlib strace"
+  libpmem-dev libipc-run-perl pkg-config build-essential procps python3 python3-matplotlib python3-yaml strace"
 
 # Sets PG_MAJOR, PGBIN, PG_CONFIG and PGXS (the directory holding
 # src/test/regress/pg_regress and src/test/perl) for one major version.
