@@ -15,7 +15,7 @@ use Time::HiRes qw(usleep);
 our @EXPORT = qw(new_dd_node commits_with_check count_true rows_in lsn_to_int
   kill_everything zero_wal_after settle_wal_writer pg_wal_digest power_cut
   start_fsync_trace stop_fsync_trace zero_unsynced_wal pause_wal_writer resume_wal_writer
-  xids_from_notices);
+  xids_from_notices wal_valid_end);
 
 # fsync is on (the test framework turns it off by default): WAL fsyncs are
 # what is measured. The WAL writer flushes at most every wal_writer_delay (10s, its maximum)
@@ -163,8 +163,9 @@ sub stop_fsync_trace
 # Per WAL segment file, the writes not covered by a later successful
 # fsync/fdatasync of the same file, in trace order. Zeroes each segment from
 # the first such write to its end: the simulated power cut, cut where the
-# disk really stands. Returns how many bytes were zeroed and the lowest WAL
-# position zeroed (undef when nothing was).
+# disk really stands. Returns how many bytes were zeroed, the lowest WAL
+# position zeroed (undef when nothing was), and the end of the furthest
+# write a sync covered.
 sub zero_unsynced_wal
 {
 	my ($node, $trace) = @_;
@@ -226,6 +227,16 @@ sub zero_unsynced_wal
 	}
 	my ($zeroed, $lowest) = (0, undef);
 	my $dir = $node->data_dir . '/pg_wal';
+	# The end of WAL known synced, for a cut that zeroes nothing: the
+	# furthest synced byte of any segment.
+	my $synced_lsn = 0;
+	for my $segment (keys %synced_end)
+	{
+		my $size = -s "$dir/$segment" or next;
+		my ($log, $seg) = (hex(substr($segment, 8, 8)), hex(substr($segment, 16, 8)));
+		my $lsn = ($log * (2**32 / $size) + $seg) * $size + $synced_end{$segment};
+		$synced_lsn = $lsn if $lsn > $synced_lsn;
+	}
 	for my $segment (sort keys %pending)
 	{
 		next unless @{ $pending{$segment} };
@@ -245,7 +256,7 @@ sub zero_unsynced_wal
 		close $w;
 		$zeroed += $size - $first;
 	}
-	return ($zeroed, $lowest);
+	return ($zeroed, $lowest, $synced_lsn);
 }
 
 # Stops the WAL writer (SIGSTOP) so that nothing flushes WAL in the
@@ -278,6 +289,30 @@ sub xids_from_notices
 {
 	my ($stderr) = @_;
 	return $stderr =~ /xid=(\d+)/g;
+}
+
+# Where the valid WAL of a stopped node ends, as PostgreSQL's pg_waldump
+# reads it from the last checkpoint's redo point: what crash recovery will
+# replay, found without the server or the extension. Returns the position
+# as an integer.
+sub wal_valid_end
+{
+	my ($node) = @_;
+	my ($out, $err) = ('', '');
+	IPC::Run::run([ 'pg_controldata', $node->data_dir ], '>', \$out, '2>', \$err) or die "pg_controldata: $err";
+	my ($redo) = $out =~ /Latest checkpoint's REDO location:\s+(\S+)/ or die "no REDO location in: $out";
+	($out, $err) = ('', '');
+	IPC::Run::run([ 'pg_waldump', '-p', $node->data_dir . '/pg_wal', '-s', $redo ], '>', \$out, '2>', \$err);
+	# "error in WAL record at A: invalid record length at B: ..." (B is where
+	# the next record would start: the end of the last one), or an invalid
+	# page header at a page's start ("... LSN B, offset ...").
+	if ($err =~ /invalid record length at ([0-9A-F]+\/[0-9A-F]+)/ || $err =~ /LSN ([0-9A-F]+\/[0-9A-F]+), offset/
+		|| $err =~ /record with incorrect prev-link [0-9A-F\/]+ at ([0-9A-F]+\/[0-9A-F]+)/
+		|| $err =~ /(?:invalid|incorrect|contrecord|bad)[^\n]* at ([0-9A-F]+\/[0-9A-F]+)/)
+	{
+		return lsn_to_int($1);
+	}
+	die "pg_waldump did not say where the WAL ends: $err";
 }
 
 sub count_true { my $n = 0; $n += $_ for @_; return $n; }
