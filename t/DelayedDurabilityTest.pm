@@ -15,7 +15,7 @@ use Time::HiRes qw(usleep);
 our @EXPORT = qw(new_dd_node commits_with_check count_true rows_in lsn_to_int
   kill_everything zero_wal_after settle_wal_writer pg_wal_digest power_cut
   start_fsync_trace stop_fsync_trace zero_unsynced_wal pause_wal_writer resume_wal_writer
-  xids_from_notices wal_valid_end);
+  xids_from_notices wal_valid_end commit_ends);
 
 # fsync is on (the test framework turns it off by default): WAL fsyncs are
 # what is measured. The WAL writer flushes at most every wal_writer_delay (10s, its maximum)
@@ -291,6 +291,17 @@ sub xids_from_notices
 	return $stderr =~ /xid=(\d+)/g;
 }
 
+# The last WAL segment file of timeline $tli in the node's pg_wal: pg_waldump
+# reads from a named first segment only up to a named last one.
+sub last_segment
+{
+	my ($node, $tli) = @_;
+	opendir my $dh, $node->data_dir . '/pg_wal' or die $!;
+	my $prefix = sprintf('%08X', $tli);
+	my ($last) = sort { $b cmp $a } grep { /^$prefix[0-9A-F]{16}$/ } readdir $dh;
+	return $last;
+}
+
 # Where the valid WAL of a stopped node ends, as PostgreSQL's pg_waldump
 # reads it from the last checkpoint's redo point: what crash recovery will
 # replay, found without the server or the extension. Returns the position
@@ -301,8 +312,10 @@ sub wal_valid_end
 	my ($out, $err) = ('', '');
 	IPC::Run::run([ 'pg_controldata', $node->data_dir ], '>', \$out, '2>', \$err) or die "pg_controldata: $err";
 	my ($redo) = $out =~ /Latest checkpoint's REDO location:\s+(\S+)/ or die "no REDO location in: $out";
+	my ($redo_file) = $out =~ /Latest checkpoint's REDO WAL file:\s+(\S+)/ or die "no REDO WAL file in: $out";
+	my $last = last_segment($node, hex(substr($redo_file, 0, 8)));
 	($out, $err) = ('', '');
-	IPC::Run::run([ 'pg_waldump', '-p', $node->data_dir . '/pg_wal', '-s', $redo ], '>', \$out, '2>', \$err);
+	IPC::Run::run([ 'pg_waldump', '-p', $node->data_dir . '/pg_wal', '-s', $redo, $redo_file, $last ], '>', \$out, '2>', \$err);
 	# "error in WAL record at A: invalid record length at B: ..." (B is where
 	# the next record would start: the end of the last one), or an invalid
 	# page header at a page's start ("... LSN B, offset ...").
@@ -313,6 +326,59 @@ sub wal_valid_end
 		return lsn_to_int($1);
 	}
 	die "pg_waldump did not say where the WAL ends: $err";
+}
+
+# The end of every commit (and PREPARE) record a stopped node's WAL files
+# hold from position $from on, read by pg_waldump: xid (32-bit) => end, one
+# map per kind (COMMIT, COMMIT_PREPARED, PREPARE). The end is where the next
+# record starts, or the boundary before it when that start is just past a
+# page header. Evidence of where each transaction's commit lies that does
+# not come from the extension.
+sub commit_ends
+{
+	my ($node, $from) = @_;
+	my ($out, $err) = ('', '');
+	IPC::Run::run([ 'pg_controldata', $node->data_dir ], '>', \$out, '2>', \$err) or die "pg_controldata: $err";
+	my ($segsize) = $out =~ /Bytes per WAL segment:\s+(\d+)/ or die "no segment size in: $out";
+	my ($tli) = $out =~ /Latest checkpoint's TimeLineID:\s+(\d+)/ or die "no timeline in: $out";
+	# The start segment is named: without it pg_waldump takes the segment
+	# size from whichever file it finds first, maybe a preallocated one.
+	my $segno = int($from / $segsize);
+	my $per_id = 2**32 / $segsize;
+	my $first = sprintf('%08X%08X%08X', $tli, int($segno / $per_id), $segno % $per_id);
+	my $last = last_segment($node, $tli);
+	($out, $err) = ('', '');
+	IPC::Run::run([ 'pg_waldump', '-p', $node->data_dir . '/pg_wal', '-s', sprintf('%X/%X', int($from / 2**32), $from % 2**32), $first, $last ],
+		'>', \$out, '2>', \$err);
+	my $norm = sub {
+		my ($lsn) = @_;
+		return $lsn - 40 if $segsize && $lsn % $segsize == 40;
+		return $lsn - 24 if $lsn % 8192 == 24;
+		return $lsn;
+	};
+	my (%ends, $pending_kind, $pending_xid);
+	for my $line (split /\n/, $out)
+	{
+		my ($tx, $lsn, $desc) = $line =~ /tx:\s+(\d+), lsn: ([0-9A-F]+\/[0-9A-F]+), prev [0-9A-F\/]+, desc: (\S+)/ or next;
+		my $start = lsn_to_int($lsn);
+		$ends{$pending_kind}{$pending_xid} = $norm->($start) if defined $pending_kind;
+		undef $pending_kind;
+		if ($line =~ /rmgr: Transaction/ && $desc =~ /^(COMMIT|COMMIT_PREPARED|PREPARE)$/)
+		{
+			# COMMIT_PREPARED names the prepared transaction in its description.
+			my $xid = $tx;
+			($xid) = $line =~ /desc: COMMIT_PREPARED (\d+):/ if $desc eq 'COMMIT_PREPARED';
+			($pending_kind, $pending_xid) = ($desc, $xid // $tx);
+		}
+	}
+	$ends{error} = $err;
+	$ends{records} = () = $out =~ /^rmgr:/mg;
+	# The last record's end: where pg_waldump found the WAL to end.
+	if (defined $pending_kind && $err =~ /(?:invalid record length at|LSN) ([0-9A-F]+\/[0-9A-F]+)/)
+	{
+		$ends{$pending_kind}{$pending_xid} = $norm->(lsn_to_int($1));
+	}
+	return \%ends;
 }
 
 sub count_true { my $n = 0; $n += $_ for @_; return $n; }
