@@ -71,6 +71,7 @@ for my $setting (['disabled', 'off', 0], ['allowed', 'off', 1], ['allowed', 'on'
 # is NOTIFY, under disabled with synchronous_commit = off; a power cut right
 # after (WAL zeroed past the flush position read then) must not lose that
 # transaction: the listener may already have acted on it.
+$node->safe_psql('postgres', 'CREATE TABLE canary (i int); SELECT flush_log();');
 settle_wal_writer($node);
 my $listener = $node->background_psql('postgres', on_error_stop => 0);
 $listener->query_safe('LISTEN ch');
@@ -90,13 +91,22 @@ for (1 .. 100)
 	usleep(50_000);
 }
 like($heard, qr/Asynchronous notification "ch" with payload "committed\?" received/, 'the listener received the notification');
+# A canary after it: a delayed commit, with the WAL writer stopped; the
+# cut must lose it (the cut really removes WAL).
+pause_wal_writer($node);
+$node->safe_psql('postgres', q{
+SET delayed_durability.mode = allowed;
+SET synchronous_commit = off;
+INSERT INTO canary VALUES (1);
+});
 my $flushed_at = lsn_to_int($node->safe_psql('postgres', 'SELECT pg_current_wal_flush_lsn()'));
 kill_everything($node);
 $listener->{run}->kill_kill;
-cmp_ok(zero_wal_after($node, $flushed_at), '>', 0, 'power cut: WAL past the flush position zeroed');
+zero_wal_after($node, $flushed_at);
 $node->start;
 my ($ret, $status) = $node->psql('postgres', "SELECT pg_xact_status('$xid')");
 is($status, 'committed', "the notifying transaction ($xid) is committed after the power cut");
+is($node->safe_psql('postgres', 'SELECT count(*) FROM canary'), '0', 'the power cut removed WAL: the delayed commit after it is lost');
 
 $node->stop;
 done_testing();

@@ -143,6 +143,26 @@ is($bg->query_safe('SELECT flushed()'), 't', 'COMMIT PREPARED of a class change:
 cmp_ok(config_scans() - $scans, '>=', 1, 'and that session read the classes again');
 $bg->quit;
 
+# The fail-safe: while the configuration table is locked (VACUUM FULL, an
+# uncommitted class change), a session that must read the classes cannot,
+# and its commit is made durable (read from positions, with the WAL writer
+# stopped), even forced; once the lock is gone the same commit is delayed.
+$node->safe_psql('web', 'CREATE TABLE unclassified (i int)');
+my $holder = $node->background_psql('web', on_error_stop => 1);
+$holder->query_safe('BEGIN; LOCK TABLE delayed_durability_table_class_config IN ACCESS EXCLUSIVE MODE');
+my $ww = pause_wal_writer($node);
+my $fresh_commit = q{SET delayed_durability.mode = 'forced';
+BEGIN;
+INSERT INTO unclassified VALUES (1);
+SELECT pg_current_wal_insert_lsn() AS before_commit \gset
+COMMIT;
+SELECT pg_current_wal_flush_lsn() > :'before_commit'::pg_lsn;};
+is($node->safe_psql('web', $fresh_commit), 't', 'configuration table locked: a session that cannot read the classes commits durably');
+$holder->query_safe('COMMIT');
+is($node->safe_psql('web', $fresh_commit), 'f', 'lock released: the same commit is delayed');
+resume_wal_writer($ww);
+$holder->quit;
+
 # DROP EXTENSION with classes set: commits go on, following the mode.
 $node->safe_psql('postgres', 'CREATE DATABASE dropext');
 $node->safe_psql('dropext', q{CREATE TABLE p (i int); SELECT delayed_durability_set_table_class('p', 'durable');});
@@ -194,6 +214,21 @@ $node->safe_psql('web', join("\n", map { "INSERT INTO clicks VALUES ($_, '/r');"
 $node->wait_for_catchup('sub');
 is($sub->safe_psql('postgres', 'SELECT count(*) FROM payments WHERE id > 2000'), '10', 'replicated');
 is($sub_counter->() - $sub_before, 10, 'subscriber: the 10 applied payments commits were made durable by the table');
+
+# The same from the subscriber's own positions, with its WAL writer
+# stopped: after an applied payments commit the flush position is at the
+# end of its WAL; after an applied clicks commit it is behind.
+my $sub_walwriter = pause_wal_writer($sub);
+my $applied_end = sub {
+	my ($table, $id) = @_;
+	$sub->poll_query_until('postgres', "SELECT count(*) = 1 FROM $table WHERE id = $id") or die "$table $id not applied";
+	return $sub->safe_psql('postgres', 'SELECT pg_current_wal_flush_lsn() >= wal_end()');
+};
+$node->safe_psql('web', "INSERT INTO clicks VALUES (3001, '/control')");
+is($applied_end->('clicks', 3001), 'f', 'subscriber positions: an applied clicks commit is not flushed (control)');
+$node->safe_psql('web', 'INSERT INTO payments VALUES (3001, 7)');
+is($applied_end->('payments', 3001), 't', 'subscriber positions: an applied payments commit is flushed up to the end of its WAL');
+resume_wal_writer($sub_walwriter);
 
 # The configuration table itself replicated: a class set on the publisher
 # reaches the subscriber, whose apply worker (whose row triggers fire) and

@@ -67,9 +67,9 @@ CREATE FUNCTION flushed() RETURNS boolean LANGUAGE sql VOLATILE AS $$
 sub commits_with_check
 {
 	my ($node, $db, $setup, $statements) = @_;
-	# The WAL writer flushes nothing for the next 10 s: a commit found
-	# flushed was flushed by its own backend.
-	settle_wal_writer($node);
+	# The WAL writer is stopped meanwhile: a commit found flushed was
+	# flushed by its own backend.
+	my $walwriter = pause_wal_writer($node);
 	# Warm the session's caches first: the first call of the SQL functions
 	# reads catalog pages, and with wal_log_hints (streaming setups) setting
 	# their hint bits after a checkpoint writes WAL that would land between a
@@ -77,6 +77,7 @@ sub commits_with_check
 	my $script = ($setup // '') . "\nSELECT flushed();\n";
 	$script .= "$_\nSELECT 'flushed=' || flushed()::int;\n" for @$statements;
 	my $out = $node->safe_psql($db, $script);
+	resume_wal_writer($walwriter);
 	return map { /^flushed=1$/ ? 1 : 0 } grep { /^flushed=/ } split /\n/, $out;
 }
 
@@ -107,7 +108,8 @@ INSERT INTO wal_writer_kick SELECT generate_series(1, 400);
 		return if $node->safe_psql($db, "SELECT pg_current_wal_flush_lsn() > '$before'") eq 't';
 		usleep(40_000);
 	}
-	diag('settle_wal_writer: the WAL writer did not flush within 12 s');
+	# Without that flush the quiet window a test relies on is not known.
+	die 'settle_wal_writer: the WAL writer did not flush within 12 s';
 }
 
 # The simulated power cut, from PostgreSQL's own flush position (read right
@@ -125,8 +127,8 @@ sub power_cut
 }
 
 # Evidence from outside the server of what reached the disk: strace records
-# every pwrite64/fsync/fdatasync of every server process (those running now
-# and those forked later) with the file each descriptor names. The WAL
+# every write and sync call of every server process (those running now and
+# those forked later) with the file each descriptor names. The WAL
 # buffer skips fdatasync calls and adjusts pg_stat_wal, so only this tells
 # which WAL bytes were really synced.
 sub start_fsync_trace
@@ -137,7 +139,10 @@ sub start_fsync_trace
 	my $file = $node->basedir . "/fsync_trace." . time() . ".$$";
 	my ($out, $err) = ('', '');
 	my $h = IPC::Run::start(
-		[ 'strace', '-f', '-y', '-e', 'trace=pwrite64,fsync,fdatasync', '-o', $file, map { ('-p', $_) } @pids ],
+		# Every call that can write or sync a file: a WAL write made by a call
+		# the cut cannot place (write, writev) stops the judgement.
+		[ 'strace', '-f', '-y', '-e', 'trace=pwrite64,pwritev,pwritev2,write,writev,fsync,fdatasync,sync_file_range',
+			'-o', $file, map { ('-p', $_) } @pids ],
 		'>', \$out, '2>', \$err);
 	# Attached to every process still alive (a backend that was exiting
 	# may be gone: strace then says so) before anything else happens.
@@ -174,7 +179,7 @@ sub zero_unsynced_wal
 	# call it is in the middle of, and for a sync how many of its segment's
 	# writes had completed when it started (only those it covers).
 	my (%pending, %synced_end, %unfinished, %covers);
-	my $wal_call = qr/^(pwrite64|fsync|fdatasync)\(\d+<([^>]*\/pg_wal\/[0-9A-F]{24})>/;
+	my $wal_call = qr/^(pwrite64|pwritev2?|fsync|fdatasync|sync_file_range|writev?)\(\d+<([^>]*\/pg_wal\/[0-9A-F]{24})>/;
 	open my $fh, '<', $trace->{file} or die "$trace->{file}: $!";
 	while (my $line = <$fh>)
 	{
@@ -186,7 +191,7 @@ sub zero_unsynced_wal
 			if (my ($call, $path) = $1 =~ $wal_call)
 			{
 				my $segment = (split m{/}, $path)[-1];
-				$covers{$pid} = scalar @{ $pending{$segment} // [] } if $call ne 'pwrite64';
+				$covers{$pid} = scalar @{ $pending{$segment} // [] } if $call =~ /^f(?:data)?sync$/;
 			}
 			next;
 		}
@@ -199,11 +204,19 @@ sub zero_unsynced_wal
 		my ($result) = $rest =~ /\)\s+=\s+(-?\d+)(?:\s|$)/;
 		my $covered = delete $covers{$pid};
 		my $segment = (split m{/}, $path)[-1];
-		if ($call eq 'pwrite64')
+		# A WAL write at the file position, which the trace does not show:
+		# nothing can say which bytes it wrote.
+		die "strace: WAL written with $call, which the simulated power cut cannot place: $rest" if $call =~ /^writev?$/;
+		# sync_file_range starts writeback; it makes nothing durable.
+		next if $call eq 'sync_file_range';
+		if ($call =~ /^pwrite/)
 		{
 			# A write cut off by the kill (no result) may have reached the
-			# page cache: count it as not synced.
-			my ($offset) = $rest =~ /,\s*(\d+)\s*(?:\)|$)/;
+			# page cache: count it as not synced. The offset is the last
+			# argument (pwritev2: before the flags).
+			my ($offset) = $call eq 'pwritev2'
+			  ? $rest =~ /,\s*(\d+),\s*\w+\s*(?:\)|$)/
+			  : $rest =~ /,\s*(\d+)\s*(?:\)|$)/;
 			push @{ $pending{$segment} }, [ $offset, $result // 0 ] if defined $offset && (!defined $result || $result > 0);
 		}
 		elsif (defined $result && $result == 0)
@@ -221,7 +234,7 @@ sub zero_unsynced_wal
 	for my $rest (values %unfinished)
 	{
 		my ($call, $path) = $rest =~ $wal_call or next;
-		next unless $call eq 'pwrite64';
+		next unless $call =~ /^pwrite(64|v)$/;
 		my ($offset) = $rest =~ /,\s*(\d+)\s*$/;
 		push @{ $pending{ (split m{/}, $path)[-1] } }, [ $offset, 0 ] if defined $offset;
 	}
