@@ -1,9 +1,17 @@
 -- 0.5.0 -> 0.6.0: the configuration table of durability classes is
 -- guarded (only delayed_durability_set_table_class() changes it, whatever
 -- the grants); the view delayed_durability_settings (what is in force, per
--- database); pg_monitor reads the crash report; CREATE/ALTER EXTENSION warn
--- when the library is not preloaded.
+-- database); CREATE/ALTER EXTENSION warn when the library is not
+-- preloaded; receipts across promotions (last_commit_receipt(),
+-- receipt_status()); failovers reported like crashes
+-- (delayed_durability_failovers, delayed_durability_import_failover_record(),
+-- lost_in in delayed_durability_lost_commits); what promoting each standby
+-- would lose (delayed_durability_standby_exposure); pg_monitor reads the
+-- crash report.
 \echo Use "ALTER EXTENSION delayed_durability UPDATE TO '0.6.0'" to load this file. \quit
+
+-- The lost commits view gains a column: replaced.
+DROP VIEW delayed_durability_lost_commits;
 
 CREATE FUNCTION "delayed_durability_table_class_config_guard"()
 	RETURNS TRIGGER
@@ -36,6 +44,64 @@ STRICT VOLATILE PARALLEL UNSAFE
 LANGUAGE c /* Rust */
 AS 'MODULE_PATHNAME', 'delayed_durability_warn_if_not_preloaded_wrapper';
 
+CREATE  FUNCTION "delayed_durability_exposure"(
+	"lsn" bigint /* i64 */
+) RETURNS TABLE (
+	"commits" bigint,  /* Option < i64 > */
+	"wal_bytes" bigint,  /* i64 */
+	"oldest_acknowledged_at" timestamp with time zone  /* Option < TimestampWithTimeZone > */
+)
+STRICT VOLATILE PARALLEL SAFE
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'delayed_durability_exposure_wrapper';
+
+CREATE  FUNCTION "delayed_durability_failover_lost_rows"() RETURNS TABLE (
+	"xid" bigint,  /* i64 */
+	"datid" oid,  /* pg_sys :: Oid */
+	"commit_end" bigint,  /* i64 */
+	"acknowledged_at" timestamp with time zone,  /* Option < TimestampWithTimeZone > */
+	"failover_at" timestamp with time zone  /* Option < TimestampWithTimeZone > */
+)
+STRICT VOLATILE PARALLEL SAFE
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'delayed_durability_failover_lost_rows_wrapper';
+
+CREATE  FUNCTION "delayed_durability_failover_rows"() RETURNS TABLE (
+	"failover_at" timestamp with time zone,  /* Option < TimestampWithTimeZone > */
+	"old_timeline" bigint,  /* i64 */
+	"new_timeline" bigint,  /* i64 */
+	"switch_end" bigint,  /* i64 */
+	"lost_commits" bigint,  /* Option < i64 > */
+	"exact" bool,  /* bool */
+	"detail" TEXT  /* String */
+)
+STRICT VOLATILE PARALLEL SAFE
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'delayed_durability_failover_rows_wrapper';
+
+CREATE  FUNCTION "delayed_durability_import_failover_record"(
+	"path" TEXT, /* & str */
+	"old_timeline" INT DEFAULT NULL /* Option < i32 > */
+) RETURNS bigint /* i64 */
+VOLATILE PARALLEL UNSAFE
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'delayed_durability_import_failover_record_wrapper';
+
+CREATE  FUNCTION "last_commit_receipt"() RETURNS TEXT /* Option < String > */
+STRICT VOLATILE PARALLEL RESTRICTED
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'last_commit_receipt_wrapper';
+
+CREATE  FUNCTION "receipt_status"(
+	"receipt" TEXT /* & str */
+) RETURNS TABLE (
+	"status" TEXT,  /* String */
+	"detail" TEXT  /* String */
+)
+STRICT VOLATILE PARALLEL RESTRICTED
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'receipt_status_wrapper';
+
 -- What is in force, per database: its own setting (ALTER DATABASE ... SET)
 -- over the cluster's (postgresql.conf, ALTER SYSTEM). Settings of roles
 -- (ALTER ROLE ... SET) apply on top, per session: counted, not resolved.
@@ -67,4 +133,54 @@ GRANT SELECT ON delayed_durability_settings TO PUBLIC;
 
 SELECT @extschema@.delayed_durability_warn_if_not_preloaded();
 
-GRANT SELECT ON delayed_durability_crashes, delayed_durability_lost_commits TO pg_monitor;
+-- Lost in a crash, or in a failover (the old primary's record imported):
+-- crash_recovered_at is then when the failover was recorded.
+CREATE VIEW delayed_durability_lost_commits AS
+    SELECT l.xid::text::xid8 AS xid,
+           l.datid,
+           d.datname,
+           '0/0'::pg_lsn + l.commit_end::numeric AS commit_lsn,
+           l.acknowledged_at,
+           l.crash_recovered_at,
+           'crash'::text AS lost_in
+      FROM delayed_durability_lost_commit_rows() AS l
+      LEFT JOIN pg_catalog.pg_database AS d ON d.oid = l.datid
+    UNION ALL
+    SELECT f.xid::text::xid8,
+           f.datid,
+           d.datname,
+           '0/0'::pg_lsn + f.commit_end::numeric,
+           f.acknowledged_at,
+           f.failover_at,
+           'failover'
+      FROM delayed_durability_failover_lost_rows() AS f
+      LEFT JOIN pg_catalog.pg_database AS d ON d.oid = f.datid;
+
+-- Failovers this server went through (promotions), reported like crashes.
+CREATE VIEW delayed_durability_failovers AS
+    SELECT f.failover_at,
+           f.old_timeline,
+           f.new_timeline,
+           '0/0'::pg_lsn + f.switch_end::numeric AS switch_lsn,
+           f.lost_commits,
+           f.exact,
+           f.detail
+      FROM delayed_durability_failover_rows() AS f;
+
+-- What promoting each connected standby now would lose.
+CREATE VIEW delayed_durability_standby_exposure AS
+    SELECT s.application_name,
+           s.client_addr,
+           s.flush_lsn,
+           e.commits AS delayed_commits,
+           e.wal_bytes,
+           now() - e.oldest_acknowledged_at AS oldest_commit_age
+      FROM pg_catalog.pg_stat_replication AS s
+      LEFT JOIN LATERAL delayed_durability_exposure((s.flush_lsn - '0/0'::pg_lsn)::bigint) AS e ON true;
+
+REVOKE ALL ON delayed_durability_crashes, delayed_durability_lost_commits, delayed_durability_failovers,
+    delayed_durability_standby_exposure FROM PUBLIC;
+-- Read-only monitoring, as PostgreSQL grants its own monitoring views.
+GRANT SELECT ON delayed_durability_crashes, delayed_durability_lost_commits, delayed_durability_failovers,
+    delayed_durability_standby_exposure TO pg_monitor;
+REVOKE ALL ON FUNCTION delayed_durability_import_failover_record(text, integer) FROM PUBLIC;

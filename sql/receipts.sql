@@ -8,8 +8,9 @@ SET delayed_durability.mode = 'forced';
 SELECT p.oid::regprocedure AS function, pg_get_function_result(p.oid) AS result,
        p.proisstrict AS strict, p.provolatile AS volatility, p.proparallel AS parallel
   FROM pg_proc AS p
- WHERE p.proname IN ('last_commit_lsn', 'is_durable', 'wait_durable', 'delayed_durability_lost_commits_reset')
- ORDER BY 1::text;
+ WHERE p.proname IN ('last_commit_lsn', 'is_durable', 'wait_durable', 'delayed_durability_lost_commits_reset',
+                     'last_commit_receipt', 'receipt_status', 'delayed_durability_import_failover_record')
+ ORDER BY p.oid::regprocedure::text;
 SELECT pg_get_function_arguments('wait_durable'::regproc);
 
 -- A fresh session has no receipt; a commit gives one.
@@ -140,3 +141,21 @@ SELECT count(*) >= 0 AS monitor_reads_crashes FROM delayed_durability_crashes;
 SELECT count(*) >= 0 AS monitor_reads_lost_commits FROM delayed_durability_lost_commits;
 RESET ROLE;
 DROP ROLE regress_dd_monitor;
+
+-- A receipt across crashes and promotions: system, timeline, commit end,
+-- xid, commit time. Here (no failover, no crash since) durable once flushed.
+CREATE TABLE r2 (id int);
+INSERT INTO r2 VALUES (20);
+SELECT split_part(last_commit_receipt(), ':', 2) AS timeline,
+       split_part(last_commit_receipt(), ':', 3)::pg_lsn = last_commit_lsn() AS names_the_commit_end,
+       (receipt_status(last_commit_receipt())).status AS before_flush;
+SELECT flush_log() IS NOT NULL AS flushed;
+SELECT (receipt_status(last_commit_receipt())).status AS after_flush;
+-- A timeline this server does not descend from, malformed receipts.
+SELECT (receipt_status(regexp_replace(last_commit_receipt(), '^(\d+):\d+:', '\1:7:'))).*;
+SELECT * FROM receipt_status('1:2:3');
+DO $$ BEGIN
+  PERFORM * FROM receipt_status(regexp_replace(last_commit_receipt(), '^\d+', '42'));
+EXCEPTION WHEN invalid_parameter_value THEN RAISE NOTICE 'a receipt of another system: refused (%)', SQLSTATE;
+END $$;
+DROP TABLE r2;

@@ -272,6 +272,9 @@ fn after_commit() {
             // The loss budget and the record of acknowledgements apply to
             // every commit the policy delayed whose WAL is not flushed.
             let budget_flushed = outcome == Outcome::Delayed && crate::loss::acknowledge(commit_end);
+            if outcome == Outcome::DelayedFlushedMeanwhile {
+                crate::loss::record_flushed_acknowledgement(commit_end);
+            }
             let durable = matches!(outcome, Outcome::Durable | Outcome::DurableByCore) || budget_flushed;
             stats::count(if durable { Counter::CommitsDurable } else { Counter::CommitsDelayed });
             if decision.wanted_delayed && matches!(outcome, Outcome::Durable | Outcome::DurableByCore) {

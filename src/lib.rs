@@ -20,6 +20,7 @@ mod settings;
 mod shmem;
 mod stats;
 mod table_class;
+mod timeline;
 mod walbuf;
 
 pgrx::pg_module_magic!();
@@ -121,19 +122,57 @@ CREATE VIEW delayed_durability_crashes AS
            c.detail
       FROM delayed_durability_crash_rows() AS c;
 
+-- Lost in a crash, or in a failover (the old primary's record imported):
+-- crash_recovered_at is then when the failover was recorded.
 CREATE VIEW delayed_durability_lost_commits AS
     SELECT l.xid::text::xid8 AS xid,
            l.datid,
            d.datname,
            '0/0'::pg_lsn + l.commit_end::numeric AS commit_lsn,
            l.acknowledged_at,
-           l.crash_recovered_at
+           l.crash_recovered_at,
+           'crash'::text AS lost_in
       FROM delayed_durability_lost_commit_rows() AS l
-      LEFT JOIN pg_catalog.pg_database AS d ON d.oid = l.datid;
+      LEFT JOIN pg_catalog.pg_database AS d ON d.oid = l.datid
+    UNION ALL
+    SELECT f.xid::text::xid8,
+           f.datid,
+           d.datname,
+           '0/0'::pg_lsn + f.commit_end::numeric,
+           f.acknowledged_at,
+           f.failover_at,
+           'failover'
+      FROM delayed_durability_failover_lost_rows() AS f
+      LEFT JOIN pg_catalog.pg_database AS d ON d.oid = f.datid;
 
-REVOKE ALL ON delayed_durability_crashes, delayed_durability_lost_commits FROM PUBLIC;
+-- Failovers this server went through (promotions), reported like crashes.
+CREATE VIEW delayed_durability_failovers AS
+    SELECT f.failover_at,
+           f.old_timeline,
+           f.new_timeline,
+           '0/0'::pg_lsn + f.switch_end::numeric AS switch_lsn,
+           f.lost_commits,
+           f.exact,
+           f.detail
+      FROM delayed_durability_failover_rows() AS f;
+
+-- What promoting each connected standby now would lose.
+CREATE VIEW delayed_durability_standby_exposure AS
+    SELECT s.application_name,
+           s.client_addr,
+           s.flush_lsn,
+           e.commits AS delayed_commits,
+           e.wal_bytes,
+           now() - e.oldest_acknowledged_at AS oldest_commit_age
+      FROM pg_catalog.pg_stat_replication AS s
+      LEFT JOIN LATERAL delayed_durability_exposure((s.flush_lsn - '0/0'::pg_lsn)::bigint) AS e ON true;
+
+REVOKE ALL ON delayed_durability_crashes, delayed_durability_lost_commits, delayed_durability_failovers,
+    delayed_durability_standby_exposure FROM PUBLIC;
 -- Read-only monitoring, as PostgreSQL grants its own monitoring views.
-GRANT SELECT ON delayed_durability_crashes, delayed_durability_lost_commits TO pg_monitor;
+GRANT SELECT ON delayed_durability_crashes, delayed_durability_lost_commits, delayed_durability_failovers,
+    delayed_durability_standby_exposure TO pg_monitor;
+REVOKE ALL ON FUNCTION delayed_durability_import_failover_record(text, integer) FROM PUBLIC;
 REVOKE ALL ON FUNCTION delayed_durability_lost_commits_reset() FROM PUBLIC;
 "#,
     name = "views_and_wrappers",

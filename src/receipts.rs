@@ -12,15 +12,27 @@ use pgrx::pg_sys;
 use pgrx::prelude::*;
 use std::cell::Cell;
 
-struct LastCommit(Cell<u64>);
+struct LastCommit {
+    end: Cell<u64>,
+    fxid: Cell<u64>,
+    /// The commit record's timestamp.
+    at: Cell<i64>,
+}
 // SAFETY: a PostgreSQL backend runs this code on one thread only.
 unsafe impl Sync for LastCommit {}
-static LAST_COMMIT_END: LastCommit = LastCommit(Cell::new(0));
+static LAST_COMMIT: LastCommit = LastCommit { end: Cell::new(0), fxid: Cell::new(0), at: Cell::new(0) };
 
 /// Called at the end of every commit that wrote a commit record.
 pub fn remember_commit(end: u64) {
     if end != 0 {
-        LAST_COMMIT_END.0.set(end);
+        LAST_COMMIT.end.set(end);
+        // SAFETY: backend-local transaction state, valid until the end of
+        // the commit callbacks (the xid of COMMIT PREPARED's own
+        // transaction, if any: the receipt names the position first).
+        unsafe {
+            LAST_COMMIT.fxid.set(crate::nothrow::GetTopFullTransactionIdIfAny().value);
+            LAST_COMMIT.at.set(crate::nothrow::GetCurrentTransactionStopTimestamp());
+        }
     }
 }
 
@@ -74,7 +86,7 @@ CREATE FUNCTION last_commit_lsn() RETURNS pg_lsn
 "#)]
 fn last_commit_lsn() -> Option<i64> {
     crate::preload::require_preloaded();
-    match LAST_COMMIT_END.0.get() {
+    match LAST_COMMIT.end.get() {
         0 => None,
         end => Some(end as i64),
     }
@@ -153,5 +165,121 @@ fn wait_durable(lsn: Option<i64>, timeout: Option<Interval>) -> Option<bool> {
             return Some(true);
         }
         nap_ms = (nap_ms * 2).min(MAX_NAP_MS);
+    }
+}
+
+/// The receipt of this session's last commit as text, unambiguous across
+/// crashes, promotions and clusters: database system identifier, timeline,
+/// commit record end, full transaction id, commit time (microseconds since
+/// 2000-01-01), separated by colons. NULL before the first commit.
+#[pg_extern(volatile, parallel_restricted)]
+fn last_commit_receipt() -> Option<String> {
+    crate::preload::require_preloaded();
+    let end = LAST_COMMIT.end.get();
+    if end == 0 {
+        return None;
+    }
+    // SAFETY: reads the control data PostgreSQL keeps in shared memory.
+    let system_id = unsafe { pg_sys::GetSystemIdentifier() };
+    Some(format!(
+        "{system_id}:{}:{}:{}:{}",
+        crate::timeline::current(),
+        lsn_text(end),
+        LAST_COMMIT.fxid.get(),
+        LAST_COMMIT.at.get()
+    ))
+}
+
+/// A receipt taken apart.
+struct Receipt {
+    system_id: u64,
+    tli: u32,
+    end: u64,
+    fxid: u64,
+    at: i64,
+}
+
+fn parse_receipt(text: &str) -> Receipt {
+    let f: Vec<&str> = text.split(':').collect();
+    let parsed = (f.len() == 5)
+        .then(|| {
+            Some(Receipt {
+                system_id: f[0].parse().ok()?,
+                tli: f[1].parse().ok().filter(|&t| t > 0)?,
+                end: crate::timeline::parse_lsn(f[2]).filter(|&l| l > 0)?,
+                fxid: f[3].parse().ok()?,
+                at: f[4].parse().ok()?,
+            })
+        })
+        .flatten();
+    parsed.unwrap_or_else(|| {
+        error(
+            PgSqlErrorCode::ERRCODE_INVALID_TEXT_REPRESENTATION,
+            format!("invalid receipt \"{text}\""),
+            "A receipt is what last_commit_receipt() returned: system:timeline:position:xid:time.",
+        )
+    })
+}
+
+/// Where a commit named by its receipt stands on this server: `durable`
+/// (in this server's WAL history and flushed), `pending` (on this
+/// server's timeline, not flushed yet), `lost` (its timeline was left
+/// before its commit record ended, in a failover or a recovery to an
+/// earlier point; or a crash since it lost it), `unknown` (this server's
+/// history does not contain its timeline, or a crash since it could not be
+/// compared), with the reason. Works on a standby and after a promotion.
+#[pg_extern(volatile, parallel_restricted)]
+fn receipt_status(receipt: &str) -> TableIterator<'static, (name!(status, String), name!(detail, String))> {
+    crate::preload::require_preloaded();
+    let r = parse_receipt(receipt);
+    // SAFETY: as in last_commit_receipt().
+    let system_id = unsafe { pg_sys::GetSystemIdentifier() };
+    if r.system_id != system_id {
+        error(
+            PgSqlErrorCode::ERRCODE_INVALID_PARAMETER_VALUE,
+            format!("receipt of another database system ({}; this one is {system_id})", r.system_id),
+            "A receipt means something only in the database system whose server issued it, and its copies.",
+        );
+    }
+    let end = back_off_page_header(r.end);
+    let current = crate::timeline::current();
+    let history = crate::timeline::read(current)
+        .unwrap_or_else(|e| error(PgSqlErrorCode::ERRCODE_IO_ERROR, e, "The timeline history files are in pg_wal."));
+    let (status, detail) = match history.end_of(r.tli) {
+        Err(()) => (
+            "unknown",
+            format!("this server (timeline {current}) does not descend from timeline {}", r.tli),
+        ),
+        Ok(Some(left_at)) if end > left_at => (
+            "lost",
+            format!(
+                "timeline {} was left at {}, before the commit's end at {}: lost in a failover or a recovery to an earlier point",
+                r.tli,
+                lsn_text(left_at),
+                lsn_text(end)
+            ),
+        ),
+        _ => {
+            // On this server's history: flushed here, or not yet; and not
+            // lost in a crash since.
+            let here = if in_recovery() { replay_or_received_end() } else { flush_end() };
+            match crate::loss::lost_since(r.fxid, end, r.at) {
+                Some((true, why)) => ("lost", why),
+                Some((false, why)) => ("unknown", why),
+                None if here >= end => ("durable", format!("flushed on this server up to {}", lsn_text(here))),
+                None => ("pending", format!("this server has flushed up to {} only", lsn_text(here))),
+            }
+        }
+    };
+    TableIterator::once((status.to_string(), detail))
+}
+
+/// On a standby: WAL received and flushed here, or at least replayed.
+fn replay_or_received_end() -> u64 {
+    // SAFETY: read shared recovery and WAL receiver state.
+    unsafe {
+        let replayed = pg_sys::GetXLogReplayRecPtr(std::ptr::null_mut());
+        let received = pg_sys::GetWalRcvFlushRecPtr(std::ptr::null_mut(), std::ptr::null_mut());
+        replayed.max(received)
     }
 }

@@ -12,6 +12,7 @@
 //! the flushed position, and all of them were acknowledged within one
 //! `max_loss_time` window.
 
+mod failover;
 mod report;
 mod ring;
 
@@ -143,9 +144,17 @@ pub fn acknowledge(commit_end: u64) -> bool {
     }
     let flushed = flush_end();
     if commit_end <= flushed {
-        return false; // someone flushed it already: nothing to lose
+        // Someone flushed it already: nothing for a crash here to lose. It
+        // is recorded all the same: a failover can still lose it.
+        if let Some(r) = record {
+            record_in(r, commit_end, false);
+        }
+        return false;
     }
     if max_bytes > 0 && commit_end - flushed > max_bytes {
+        if let Some(r) = record {
+            record_in(r, commit_end, false);
+        }
         return flush_for_budget(commit_end);
     }
     // Recorded before the time check, so that two commits in flight see
@@ -164,6 +173,15 @@ pub fn acknowledge(commit_end: u64) -> bool {
         }
     }
     false
+}
+
+/// For a commit the policy delayed that another process flushed before it
+/// returned: nothing for a crash here to lose, but a standby may not have
+/// it yet, so the record of acknowledgements keeps it for a failover.
+pub fn record_flushed_acknowledgement(commit_end: u64) {
+    if let Some(r) = ring().filter(|_| crate::guc::read(&TRACK_LOST_COMMITS)) {
+        record_in(r, commit_end, false);
+    }
 }
 
 /// Records this transaction's acknowledgement; returns its time. Under a
@@ -205,4 +223,29 @@ fn delayed_durability_oldest_unflushed_commit_age() -> Option<Interval> {
     let now = now();
     let oldest = ring()?.oldest_unflushed(flush_end(), now)?;
     Some(Interval::from_micros((now - oldest).max(0)))
+}
+
+/// Whether a crash since `at` lost the commit of `fxid` ending at `end`
+/// (for receipts): Some((lost, why)), None when no crash since touched it.
+pub fn lost_since(fxid: u64, end: u64, at: i64) -> Option<(bool, String)> {
+    report::lost_since(fxid, end, at)
+}
+
+/// The background worker started when recovery finishes (at every start,
+/// and after every crash restart): compares the pending crash with the
+/// recovered WAL, notes a promotion as a failover, then sleeps until
+/// shutdown, so that the postmaster starts it again after a crash.
+#[pg_guard]
+#[no_mangle]
+pub extern "C-unwind" fn delayed_durability_report_main(_arg: pg_sys::Datum) {
+    pgrx::bgworkers::BackgroundWorker::attach_signal_handlers(pgrx::bgworkers::SignalWakeFlags::SIGTERM);
+    if let Err(e) = report::compare_pending() {
+        pgrx::warning!("delayed_durability: could not compare the record of acknowledged delayed commits: {e}");
+    }
+    if let Err(e) = failover::note_timeline() {
+        pgrx::warning!("delayed_durability: could not record the failover: {e}");
+    }
+    // Stay until shutdown: a worker that exits is not started again after a
+    // crash restart, and the next crash needs it.
+    while pgrx::bgworkers::BackgroundWorker::wait_latch(None) {}
 }

@@ -18,7 +18,7 @@ use super::ring::{self, Acked, Ring, Snapshot, Summary};
 use super::LOST_COMMITS_RING_SIZE;
 use crate::flush::lsn_text;
 use crate::walbuf::pmem;
-use pgrx::bgworkers::{BackgroundWorker, BackgroundWorkerBuilder, BgWorkerStartTime, SignalWakeFlags};
+use pgrx::bgworkers::{BackgroundWorkerBuilder, BgWorkerStartTime};
 use pgrx::pg_sys;
 use pgrx::prelude::*;
 use std::cell::{Cell, RefCell};
@@ -27,7 +27,7 @@ use std::fmt::Write as _;
 use std::io::Write as _;
 use std::path::Path;
 
-const DIR: &str = "delayed_durability";
+pub(super) const DIR: &str = "delayed_durability";
 const RING_FILE: &str = "delayed_durability/commits";
 const PENDING_FILE: &str = "delayed_durability/pending";
 const REPORT_FILE: &str = "delayed_durability/lost";
@@ -140,7 +140,7 @@ fn current_boot_id() -> [u8; ring::BOOT_ID_LEN] {
     id
 }
 
-fn sync_dir() -> std::io::Result<()> {
+pub(super) fn sync_dir() -> std::io::Result<()> {
     std::fs::File::open(DIR)?.sync_all()
 }
 
@@ -188,6 +188,12 @@ fn ring_paths() -> (CString, Option<CString>) {
         Some(pmem_path) => (pmem_path, Some(in_data_dir)),
         None => (in_data_dir, None),
     }
+}
+
+/// Where this server keeps its record (for a backend: the same path the
+/// postmaster chose).
+pub(super) fn ring_path() -> String {
+    ring_paths().0.to_string_lossy().into_owned()
 }
 
 /// What was found at a ring's path.
@@ -375,6 +381,7 @@ fn note_unknown_crash(why: String) {
                 boot_id: [0; ring::BOOT_ID_LEN],
                 persistent: false,
                 system_id: 0,
+                lapped: false,
             };
             write_or_remember(&empty, Status::UnknownNoRecord(why));
         }
@@ -465,7 +472,7 @@ fn pending_to_unknown() {
 
 /// Crash ids are unique and grow: past every id pending or reported, even
 /// within one microsecond.
-fn next_crash_id() -> i64 {
+pub(super) fn next_crash_id() -> i64 {
     let pending = std::fs::read_to_string(PENDING_FILE).unwrap_or_default();
     let highest = parse_pending(&pending)
         .iter()
@@ -478,7 +485,7 @@ fn next_crash_id() -> i64 {
 
 /// Appends lines to the report, rewritten and renamed into place (a crash
 /// in between leaves the old report whole).
-fn append_report(lines: &str) -> std::io::Result<()> {
+pub(super) fn append_report(lines: &str) -> std::io::Result<()> {
     if lines.is_empty() {
         return Ok(());
     }
@@ -626,14 +633,14 @@ fn parse_pending(text: &str) -> Vec<PendingCrash> {
     crashes
 }
 
-fn time_text(t: i64) -> String {
+pub(super) fn time_text(t: i64) -> String {
     // SAFETY: formats a timestamp into a static buffer; copied at once.
     unsafe { std::ffi::CStr::from_ptr(pg_sys::timestamptz_to_str(t)) }.to_string_lossy().into_owned()
 }
 
 /// Compares every pending crash with the end of the recovered WAL and
 /// appends the outcome to the report.
-fn compare_pending() -> std::io::Result<()> {
+pub(super) fn compare_pending() -> std::io::Result<()> {
     let Ok(text) = std::fs::read_to_string(PENDING_FILE) else {
         return Ok(());
     };
@@ -715,42 +722,31 @@ fn compare_pending() -> std::io::Result<()> {
     sync_dir()
 }
 
-#[pg_guard]
-#[no_mangle]
-pub extern "C-unwind" fn delayed_durability_report_main(_arg: pg_sys::Datum) {
-    BackgroundWorker::attach_signal_handlers(SignalWakeFlags::SIGTERM);
-    if let Err(e) = compare_pending() {
-        pgrx::warning!("delayed_durability: could not compare the record of acknowledged delayed commits: {e}");
-    }
-    // Stay until shutdown: a worker that exits is not started again after a
-    // crash restart, and the next crash needs it.
-    while BackgroundWorker::wait_latch(None) {}
-}
 
 // --------------------------------------------------------------------- views
 
-struct ReportedCrash {
-    id: i64,
-    recovered_at: i64,
-    recovered_end: u64,
-    lost: Option<i64>,
-    summarized: i64,
-    exact: bool,
-    detail: String,
+pub(super) struct ReportedCrash {
+    pub id: i64,
+    pub recovered_at: i64,
+    pub recovered_end: u64,
+    pub lost: Option<i64>,
+    pub summarized: i64,
+    pub exact: bool,
+    pub detail: String,
 }
 
-struct LostCommit {
-    crash: i64,
-    acked: Acked,
+pub(super) struct LostCommit {
+    pub crash: i64,
+    pub acked: Acked,
 }
 
 #[derive(Default)]
-struct Report {
-    crashes: Vec<ReportedCrash>,
-    lost: Vec<LostCommit>,
+pub(super) struct Report {
+    pub crashes: Vec<ReportedCrash>,
+    pub lost: Vec<LostCommit>,
 }
 
-fn read_report() -> Report {
+pub(super) fn read_report() -> Report {
     let mut report = Report::default();
     let Ok(text) = std::fs::read_to_string(REPORT_FILE) else {
         return report;
@@ -781,7 +777,7 @@ fn read_report() -> Report {
 /// The report is for superusers and the roles granted SELECT on its view;
 /// the function under the view checks the view's privilege, so calling it
 /// directly grants nothing more.
-fn require_view_privilege(view: &str) {
+pub(super) fn require_view_privilege(view: &str) {
     let query = format!(
         "SELECT pg_catalog.has_table_privilege(c.oid, 'SELECT') \
            FROM pg_catalog.pg_extension e JOIN pg_catalog.pg_class c ON c.relnamespace = e.extnamespace \
@@ -800,7 +796,7 @@ fn require_view_privilege(view: &str) {
     }
 }
 
-fn timestamp(t: i64) -> Option<TimestampWithTimeZone> {
+pub(super) fn timestamp(t: i64) -> Option<TimestampWithTimeZone> {
     TimestampWithTimeZone::try_from(t).ok()
 }
 
@@ -885,4 +881,34 @@ fn delayed_durability_lost_commits_reset() {
             .report(PgLogLevel::ERROR);
         }
     }
+}
+
+/// Whether a crash since `at` lost the commit of `fxid` that ended at `end`:
+/// Some((true, why)) when it did, Some((false, why)) when a crash since
+/// cannot tell, None when no crash since touched it.
+pub(super) fn lost_since(fxid: u64, end: u64, at: i64) -> Option<(bool, String)> {
+    let report = read_report();
+    let recovered_at = |id: i64| report.crashes.iter().find(|c| c.id == id).map(|c| time_text(c.recovered_at));
+    if let Some(l) = report.lost.iter().find(|l| l.acked.fxid == fxid && l.acked.commit_end == end) {
+        return Some((true, format!("lost in the crash recovered at {}", recovered_at(l.crash).unwrap_or_default())));
+    }
+    for c in report.crashes.iter().filter(|c| c.recovered_at > at) {
+        if c.recovered_end == 0 {
+            return Some((false, format!("a crash after the commit ({}) could not be compared", c.detail)));
+        }
+        if c.recovered_end < end {
+            return Some((
+                true,
+                format!(
+                    "the crash recovered at {} replayed WAL up to {} only, before the commit's end",
+                    time_text(c.recovered_at),
+                    lsn_text(c.recovered_end)
+                ),
+            ));
+        }
+    }
+    if std::path::Path::new(PENDING_FILE).exists() {
+        return Some((false, "a crash is waiting to be compared".into()));
+    }
+    None
 }

@@ -115,6 +115,9 @@ pub struct Snapshot {
     pub persistent: bool,
     /// The cluster the record belongs to.
     pub system_id: u64,
+    /// The ring went round: older acknowledgements were overwritten (the
+    /// unflushed ones summarized, the flushed ones dropped).
+    pub lapped: bool,
 }
 
 #[derive(Clone, Copy)]
@@ -245,6 +248,7 @@ impl Ring {
             boot_id: h.boot_id,
             persistent: h.persistent != 0,
             system_id: h.system_id,
+            lapped,
         }
     }
 
@@ -429,6 +433,44 @@ impl Ring {
     }
 }
 
+impl Snapshot {
+    /// Where the oldest listed entry ends (u64::MAX when none).
+    pub fn entries_min_end(&self) -> u64 {
+        self.entries.iter().map(|a| a.commit_end).min().unwrap_or(u64::MAX)
+    }
+}
+
+impl Ring {
+    /// How many acknowledged commits recorded now end past `lsn`, and when
+    /// the oldest of them was acknowledged (summarized ones count with the
+    /// summary's oldest time; entries being written are not counted yet).
+    /// Lock-free, read as oldest_unflushed() reads.
+    pub fn acknowledged_after(&self, lsn: u64) -> (u64, Option<i64>) {
+        let next = self.header().next_claim.0.load(Ordering::Acquire);
+        let (mut count, mut oldest) = (0u64, None::<i64>);
+        for claim in next.saturating_sub(self.capacity)..next {
+            let e = self.entry(claim);
+            if e.seq.load(Ordering::Acquire) != claim + 1 {
+                continue;
+            }
+            let end = e.commit_end.load(Ordering::Relaxed);
+            let time = e.ack_time.load(Ordering::Relaxed);
+            // Pairs with record()'s fence(Release) after the WRITING mark.
+            fence(Ordering::Acquire);
+            if e.seq.load(Ordering::Relaxed) == claim + 1 && end > lsn {
+                count += 1;
+                oldest = Some(oldest.map_or(time, |o| o.min(time)));
+            }
+        }
+        let s = self.summary();
+        if s.count > 0 && s.max_end > lsn {
+            count += s.count;
+            oldest = Some(oldest.map_or(s.min_time, |o| o.min(s.min_time)));
+        }
+        (count, oldest)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -519,6 +561,18 @@ mod tests {
         unsafe { (*(ring.mapping().addr as *mut Header)).magic = 0 };
         assert!(Ring::new(ring.mapping()).err().unwrap().contains("not a record"));
         assert!(Ring::salvage(ring.mapping()).is_none());
+    }
+
+    #[test]
+    fn acknowledged_after_a_position() {
+        let (ring, _m) = anonymous(4);
+        for i in 1..=6u64 {
+            ring.record_at(i * 100, i as i64, 0);
+        }
+        // Two lapped into the summary (100, 200), four listed (300..600).
+        assert_eq!(ring.acknowledged_after(350), (3, Some(4)));
+        assert_eq!(ring.acknowledged_after(0), (6, Some(1)));
+        assert_eq!(ring.acknowledged_after(600), (0, None));
     }
 
     #[test]

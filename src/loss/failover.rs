@@ -1,0 +1,363 @@
+//! Failovers, reported like crashes.
+//!
+//! - When this server finishes recovery on a newer timeline than the last
+//!   one it ran on (a promotion; that timeline is kept in
+//!   `delayed_durability/failovers` with the events, written at once, and
+//!   a base backup copies it along), it records a failover: old and new
+//!   timeline, where the old one was left (from PostgreSQL's history file)
+//!   and when, with a LOG line. Until the old
+//!   primary's record of acknowledged delayed commits is imported, the row
+//!   says what is known (the switch point), and is not exact.
+//! - `delayed_durability_import_failover_record(path)` reads that record (a
+//!   copy of the old primary's `delayed_durability/commits`, or of its file
+//!   next to the persistent WAL buffer) and lists, as lost in the failover,
+//!   every acknowledged delayed commit whose commit record ends past the
+//!   switch point.
+//! - `delayed_durability_exposure(lsn)`: what a promotion of a standby that
+//!   has flushed WAL up to `lsn` would lose now, from this primary's record.
+
+use super::report;
+use super::ring::{self, Acked, Ring};
+use crate::flush::lsn_text;
+use crate::walbuf::pmem::Mapping;
+use pgrx::pg_sys;
+use pgrx::prelude::*;
+use std::fmt::Write as _;
+use std::io::Write as _;
+
+const FAILOVER_FILE: &str = "delayed_durability/failovers";
+
+struct Failover {
+    id: i64,
+    at: i64,
+    old_tli: u32,
+    new_tli: u32,
+    switch: u64,
+    /// Imported: how many were lost.
+    lost: Option<i64>,
+    detail: String,
+}
+
+struct Failovers {
+    /// The timeline this server last ran on.
+    timeline: Option<u32>,
+    events: Vec<Failover>,
+    lost: Vec<(i64, Acked)>,
+}
+
+fn read_failovers() -> Failovers {
+    let mut out = Failovers { timeline: None, events: Vec::new(), lost: Vec::new() };
+    let text = std::fs::read_to_string(FAILOVER_FILE).unwrap_or_default();
+    for line in text.lines() {
+        let f: Vec<&str> = line.splitn(8, '\t').collect();
+        let n = |i: usize| f.get(i).and_then(|v| v.parse::<i64>().ok()).unwrap_or(0);
+        match f.first() {
+            Some(&"timeline") if f.len() >= 2 => out.timeline = f[1].trim().parse().ok(),
+            Some(&"failover") if f.len() >= 8 => out.events.push(Failover {
+                id: n(1),
+                at: n(2),
+                old_tli: n(3) as u32,
+                new_tli: n(4) as u32,
+                switch: n(5) as u64,
+                lost: f[6].parse().ok(),
+                detail: f[7].to_string(),
+            }),
+            Some(&"lost") if f.len() >= 6 => out
+                .lost
+                .push((n(1), Acked { fxid: n(2) as u64, datid: n(3) as u32, commit_end: n(4) as u64, ack_time: n(5) })),
+            _ => {}
+        }
+    }
+    out
+}
+
+fn write_failovers(f: &Failovers) -> std::io::Result<()> {
+    let mut text = String::new();
+    if let Some(tli) = f.timeline {
+        let _ = writeln!(text, "timeline\t{tli}");
+    }
+    for e in &f.events {
+        let lost = e.lost.map_or("-".to_string(), |n| n.to_string());
+        let detail = e.detail.replace(['\t', '\n'], " ");
+        let _ = writeln!(text, "failover\t{}\t{}\t{}\t{}\t{}\t{lost}\t{detail}", e.id, e.at, e.old_tli, e.new_tli, e.switch);
+    }
+    for (id, a) in &f.lost {
+        let _ = writeln!(text, "lost\t{id}\t{}\t{}\t{}\t{}", a.fxid, a.datid, a.commit_end, a.ack_time);
+    }
+    let tmp = format!("{FAILOVER_FILE}.tmp");
+    let mut file = std::fs::File::create(&tmp)?;
+    file.write_all(text.as_bytes())?;
+    file.sync_all()?;
+    std::fs::rename(&tmp, FAILOVER_FILE)?;
+    report::sync_dir()
+}
+
+fn not_imported(old_tli: u32, new_tli: u32, switch: u64) -> String {
+    format!(
+        "unknown: timeline {old_tli} was left at {} for {new_tli}; the delayed commits the old primary \
+acknowledged past it are lost; import its record with delayed_durability_import_failover_record() to list them",
+        lsn_text(switch)
+    )
+}
+
+/// In the report worker, once recovery finished: a timeline newer than
+/// the last one this server ran on is a promotion, recorded as a failover.
+pub fn note_timeline() -> std::io::Result<()> {
+    let current = crate::timeline::current();
+    let mut failovers = read_failovers();
+    if failovers.timeline == Some(current) {
+        return Ok(());
+    }
+    if let Some(last) = failovers.timeline.filter(|&l| l < current) {
+        let history = crate::timeline::read(current).map_err(std::io::Error::other)?;
+        let now = crate::stats::now();
+        // Each timeline left since, oldest first (a chain of promotions
+        // while this server was down is several failovers).
+        let mut left: Vec<(u32, u64)> = history.ancestors.iter().copied().filter(|(t, _)| *t >= last).collect();
+        left.sort();
+        for (i, (old_tli, switch)) in left.iter().enumerate() {
+            let new_tli = left.get(i + 1).map_or(current, |(t, _)| *t);
+            let id = failovers.events.iter().map(|e| e.id + 1).max().unwrap_or(0).max(now + i as i64);
+            failovers.events.push(Failover {
+                id,
+                at: now,
+                old_tli: *old_tli,
+                new_tli,
+                switch: *switch,
+                lost: None,
+                detail: not_imported(*old_tli, new_tli, *switch),
+            });
+            pgrx::log!(
+                "delayed_durability: failover: timeline {old_tli} was left at {} for timeline {new_tli}; delayed commits the old primary acknowledged past that point are lost (import its record with delayed_durability_import_failover_record() to list them)",
+                lsn_text(*switch)
+            );
+        }
+    }
+    // The events and the timeline they bring this server to, in one write:
+    // a crash in between cannot record a failover twice.
+    failovers.timeline = Some(current);
+    write_failovers(&failovers)
+}
+
+fn error(code: PgSqlErrorCode, message: String, hint: &str) -> ! {
+    pg_sys::panic::ErrorReport::new(code, message, "").set_hint(hint).report(PgLogLevel::ERROR);
+    unreachable!("ERROR does not return")
+}
+
+/// A record file read into memory aligned for its atomics, as a ring.
+fn load_record(path: &str) -> (Vec<u8>, Ring) {
+    // At most a record of the largest lost_commits_ring_size.
+    let largest = ring::file_len(1 << 24) as u64;
+    match std::fs::metadata(path) {
+        Ok(m) if !m.is_file() || m.len() > largest => error(
+            PgSqlErrorCode::ERRCODE_INVALID_PARAMETER_VALUE,
+            format!("\"{path}\" is not a record of acknowledged commits (not a file of at most {largest} bytes)"),
+            "",
+        ),
+        _ => {}
+    }
+    if let (Ok(given), Ok(own)) = (std::fs::canonicalize(path), std::fs::canonicalize(super::report::ring_path())) {
+        if given == own {
+            error(
+                PgSqlErrorCode::ERRCODE_INVALID_PARAMETER_VALUE,
+                format!("\"{path}\" is this server's own record of acknowledged commits"),
+                "Give a copy of the old primary's record.",
+            );
+        }
+    }
+    let bytes = std::fs::read(path).unwrap_or_else(|e| {
+        error(PgSqlErrorCode::ERRCODE_UNDEFINED_FILE, format!("could not read \"{path}\": {e}"), "")
+    });
+    let mut memory = vec![0u8; bytes.len() + 64];
+    let offset = memory.as_ptr().align_offset(64);
+    memory[offset..offset + bytes.len()].copy_from_slice(&bytes);
+    // SAFETY: the vector outlives the ring (both are returned together).
+    let map = Mapping { addr: unsafe { memory.as_mut_ptr().add(offset) }, len: bytes.len(), is_pmem: false };
+    let ring = Ring::new(map).unwrap_or_else(|why| {
+        error(
+            PgSqlErrorCode::ERRCODE_DATA_CORRUPTED,
+            format!("\"{path}\" {why}"),
+            "Give the old primary's delayed_durability/commits (or the .commits file next to its persistent WAL buffer), copied whole while it was down.",
+        )
+    });
+    (memory, ring)
+}
+
+/// Lists the delayed commits the old primary acknowledged past the switch
+/// point of the last failover not yet imported, from its record file: the
+/// failover's row becomes exact. Superuser only. Returns how many were lost.
+#[pg_extern(volatile, parallel_unsafe)]
+fn delayed_durability_import_failover_record(path: &str, old_timeline: default!(Option<i32>, "NULL")) -> i64 {
+    crate::preload::require_preloaded();
+    // SAFETY: reads the current user's superuser flag.
+    if !unsafe { pg_sys::superuser() } {
+        error(
+            PgSqlErrorCode::ERRCODE_INSUFFICIENT_PRIVILEGE,
+            "permission denied to import a record of acknowledged commits".into(),
+            "Only superusers can import one.",
+        );
+    }
+    if crate::flush::in_recovery() {
+        error(
+            PgSqlErrorCode::ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
+            "recovery is in progress".into(),
+            "Import the old primary's record on the server that was promoted.",
+        );
+    }
+    let (_memory, ring) = load_record(path);
+    // SAFETY: reads the control data PostgreSQL keeps in shared memory.
+    let system_id = unsafe { pg_sys::GetSystemIdentifier() };
+    if ring.system_id() != system_id {
+        error(
+            PgSqlErrorCode::ERRCODE_INVALID_PARAMETER_VALUE,
+            format!("\"{path}\" is the record of another database system ({}; this one is {system_id})", ring.system_id()),
+            "Give the record of this server's old primary.",
+        );
+    }
+    let mut failovers = read_failovers();
+    let waiting = failovers.events.iter().filter(|e| e.lost.is_none()).count();
+    if old_timeline.is_none() && waiting > 1 {
+        error(
+            PgSqlErrorCode::ERRCODE_INVALID_PARAMETER_VALUE,
+            format!("{waiting} failovers on this server wait for their old primary's record: name the old timeline"),
+            "Call delayed_durability_import_failover_record(path, old_timeline) with the timeline the old primary was on.",
+        );
+    }
+    let Some(event) = failovers
+        .events
+        .iter_mut()
+        .rev()
+        .find(|e| e.lost.is_none() && old_timeline.is_none_or(|t| t as u32 == e.old_tli))
+    else {
+        error(
+            PgSqlErrorCode::ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
+            "no failover on this server waits for its old primary's record".into(),
+            "SELECT * FROM delayed_durability_failovers shows the failovers recorded here.",
+        )
+    };
+    let snapshot = ring.snapshot();
+    let newest = snapshot.entries.iter().map(|a| a.commit_end).max();
+    match newest {
+        None => error(
+            PgSqlErrorCode::ERRCODE_INVALID_PARAMETER_VALUE,
+            format!("\"{path}\" holds no acknowledged commit"),
+            "The old primary's record is formatted anew at each of its starts: take the file it had when it failed.",
+        ),
+        Some(newest) if newest <= event.switch && snapshot.summary.max_end <= event.switch => error(
+            PgSqlErrorCode::ERRCODE_INVALID_PARAMETER_VALUE,
+            format!(
+                "every acknowledged commit in \"{path}\" ends before the switch point {}: the record is older than the failover",
+                lsn_text(event.switch)
+            ),
+            "Take the record the old primary had when it failed; if it acknowledged no delayed commit past the switch point, nothing was lost.",
+        ),
+        _ => {}
+    }
+    let (lapped, min_end) = (snapshot.lapped, snapshot.entries_min_end());
+    let mut lost: Vec<Acked> = snapshot.entries.into_iter().filter(|a| a.commit_end > event.switch).collect();
+    lost.sort_by_key(|a| a.commit_end);
+    let summarized = if snapshot.summary.count > 0 && snapshot.summary.max_end > event.switch { snapshot.summary.count } else { 0 };
+    // A ring that went round may have dropped flushed acknowledgements that
+    // ended past the switch point: unless its oldest entry is before it.
+    let overwritten = lapped && min_end > event.switch;
+    let exact = !snapshot.incomplete && !snapshot.torn && summarized == 0 && !overwritten;
+    event.lost = Some(lost.len() as i64);
+    event.detail = if exact {
+        format!("exact: {} acknowledged delayed commits of the old primary were past the switch point (imported from \"{path}\")", lost.len())
+    } else {
+        format!(
+            "{} listed; not exact: the old primary's record {} (imported from \"{path}\")",
+            lost.len(),
+            if summarized > 0 {
+                format!("summarized up to {summarized} more")
+            } else if overwritten {
+                "went round: older acknowledgements past the switch point may be missing".into()
+            } else {
+                "was incomplete".into()
+            }
+        )
+    };
+    let id = event.id;
+    failovers.lost.retain(|(i, _)| *i != id);
+    failovers.lost.extend(lost.iter().map(|a| (id, *a)));
+    write_failovers(&failovers).unwrap_or_else(|e| {
+        error(PgSqlErrorCode::ERRCODE_IO_ERROR, format!("could not write \"{FAILOVER_FILE}\": {e}"), "")
+    });
+    pgrx::log!("delayed_durability: {} acknowledged delayed commits lost in the failover listed from \"{path}\"", lost.len());
+    lost.len() as i64
+}
+
+#[pg_extern(volatile, parallel_safe)]
+fn delayed_durability_failover_rows() -> TableIterator<
+    'static,
+    (
+        name!(failover_at, Option<TimestampWithTimeZone>),
+        name!(old_timeline, i64),
+        name!(new_timeline, i64),
+        name!(switch_end, i64),
+        name!(lost_commits, Option<i64>),
+        name!(exact, bool),
+        name!(detail, String),
+    ),
+> {
+    crate::preload::require_preloaded();
+    report::require_view_privilege("delayed_durability_failovers");
+    let rows: Vec<_> = read_failovers()
+        .events
+        .into_iter()
+        .map(|e| {
+            let exact = e.detail.starts_with("exact");
+            (report::timestamp(e.at), e.old_tli as i64, e.new_tli as i64, e.switch as i64, e.lost, exact, e.detail)
+        })
+        .collect();
+    TableIterator::new(rows)
+}
+
+#[pg_extern(volatile, parallel_safe)]
+fn delayed_durability_failover_lost_rows() -> TableIterator<
+    'static,
+    (
+        name!(xid, i64),
+        name!(datid, pg_sys::Oid),
+        name!(commit_end, i64),
+        name!(acknowledged_at, Option<TimestampWithTimeZone>),
+        name!(failover_at, Option<TimestampWithTimeZone>),
+    ),
+> {
+    crate::preload::require_preloaded();
+    report::require_view_privilege("delayed_durability_lost_commits");
+    let f = read_failovers();
+    let rows: Vec<_> = f
+        .lost
+        .iter()
+        .map(|(id, a)| {
+            let at = f.events.iter().find(|e| e.id == *id).map(|e| e.at);
+            (a.fxid as i64, pg_sys::Oid::from(a.datid), a.commit_end as i64, report::timestamp(a.ack_time), at.and_then(report::timestamp))
+        })
+        .collect();
+    TableIterator::new(rows)
+}
+
+/// What a promotion of a standby that has flushed WAL up to `lsn` would
+/// lose now: the acknowledged delayed commits past it in this primary's
+/// record, the WAL past it, and when the oldest of those commits was
+/// acknowledged.
+#[pg_extern(volatile, parallel_safe)]
+fn delayed_durability_exposure(
+    lsn: i64,
+) -> TableIterator<
+    'static,
+    (
+        name!(commits, Option<i64>),
+        name!(wal_bytes, i64),
+        name!(oldest_acknowledged_at, Option<TimestampWithTimeZone>),
+    ),
+> {
+    crate::preload::require_preloaded();
+    report::require_view_privilege("delayed_durability_standby_exposure");
+    let lsn = lsn as u64;
+    let bytes = crate::flush::insert_end().saturating_sub(lsn) as i64;
+    let Some(ring) = super::ring() else { return TableIterator::once((None, bytes, None)) };
+    let (count, oldest) = ring.acknowledged_after(lsn);
+    TableIterator::once((Some(count as i64), bytes, oldest.and_then(report::timestamp)))
+}

@@ -1,0 +1,140 @@
+# A failover reported like a crash: receipts that keep their meaning across
+# a promotion, the failover recorded on the new primary, the old primary's
+# record imported to list exactly what was lost, and what promoting a
+# standby would lose, seen from the primary. Judged against the rows
+# present on the new primary, not against the extension's own report.
+use strict;
+use warnings;
+use File::Copy;
+use PostgreSQL::Test::Cluster;
+use PostgreSQL::Test::Utils;
+use Test::More;
+use Time::HiRes qw(usleep);
+use DelayedDurabilityTest;
+
+my $primary = new_dd_node('fo_primary', init => { allows_streaming => 1 });
+$primary->safe_psql('postgres', q{
+ALTER DATABASE postgres SET delayed_durability.mode = 'forced';
+CREATE TABLE t (k int PRIMARY KEY, xid xid8);
+CREATE ROLE watcher LOGIN IN ROLE pg_monitor;
+SELECT flush_log();
+});
+$primary->backup('b');
+my $standby = PostgreSQL::Test::Cluster->new('fo_standby');
+$standby->init_from_backup($primary, 'b', has_streaming => 1);
+$standby->start;
+$primary->wait_for_catchup($standby);
+
+# Delayed commits, each with its receipt, as the client hears of them.
+sub commit_with_receipts
+{
+	my ($node, $from, $to) = @_;
+	my $out = $node->safe_psql('postgres', "SELECT last_commit_receipt() IS NULL;\n" . join('', map {
+		"INSERT INTO t VALUES ($_, pg_current_xact_id());\nSELECT '$_ ' || last_commit_receipt();\n"
+	} $from .. $to));
+	return map { /^(\d+) (\S+)$/ ? ($1 => $2) : () } split /\n/, $out;
+}
+
+sub walreceiver_pid
+{
+	my $pid = $standby->safe_psql('postgres', "SELECT pid FROM pg_stat_activity WHERE backend_type = 'walreceiver'");
+	die 'no walreceiver' unless $pid =~ /^\d+$/;
+	return $pid;
+}
+
+# ---- exposure: with the standby's WAL receiver stopped (SIGSTOP) its
+# connection stays listed with the flush position it last reported.
+my %receipt = commit_with_receipts($primary, 1, 5);
+$primary->wait_for_catchup($standby);
+my $receiver = walreceiver_pid();
+kill 'STOP', $receiver;
+# The primary's WAL writer stopped too: nothing flushes the six delayed
+# commits, so no WAL sender sends them.
+pause_wal_writer($primary);
+%receipt = (%receipt, commit_with_receipts($primary, 101, 106));
+my $exposure = $primary->safe_psql('postgres',
+	"SELECT delayed_commits, wal_bytes > 0, oldest_commit_age > interval '0' FROM delayed_durability_standby_exposure WHERE application_name = 'fo_standby'",
+	extra_params => [ '-U', 'watcher' ]);
+like($exposure, qr/^6\|t\|t$/, "exposure: the standby would lose exactly the 6 delayed commits it has not flushed ($exposure), as pg_monitor sees it");
+
+
+# ---- failover: the primary dies with those six unreplicated, the standby
+# is promoted.
+my $old_record = $primary->data_dir . '/delayed_durability/commits';
+kill_everything($primary);
+kill 'CONT', $receiver;
+$standby->promote;
+$standby->poll_query_until('postgres', 'SELECT NOT pg_is_in_recovery()') or die 'not promoted';
+$standby->poll_query_until('postgres', 'SELECT count(*) = 1 FROM delayed_durability_failovers') or die 'no failover row';
+my ($old_tli, $new_tli, $switch, $lost, $exact) = split /\|/, $standby->safe_psql('postgres',
+	"SELECT old_timeline, new_timeline, switch_lsn, coalesce(lost_commits::text, 'NULL'), exact FROM delayed_durability_failovers");
+is("$old_tli->$new_tli", '1->2', 'the new primary recorded the failover from timeline 1 to 2');
+is("$lost $exact", 'NULL f', 'not exact until the old primary\'s record is imported');
+ok($standby->log_contains(qr/delayed_durability: failover: timeline 1 was left at \Q$switch\E for timeline 2/), 'a LOG line says so');
+
+# The receipts against the rows the new primary really has.
+my %present = map { $_ => 1 } split /\n/, $standby->safe_psql('postgres', 'SELECT k FROM t');
+my @lost_keys = grep { !$present{$_} } sort { $a <=> $b } keys %receipt;
+is(scalar @lost_keys, 6, 'the six unreplicated commits are not on the new primary');
+sub statuses
+{
+	my %s;
+	for my $k (keys %receipt)
+	{
+		$s{$k} = $standby->safe_psql('postgres', "SELECT status FROM receipt_status('$receipt{$k}')");
+	}
+	return %s;
+}
+my %status = statuses();
+is(join(',', map { "$_=$status{$_}" } grep { $status{$_} ne ($present{$_} ? 'durable' : 'lost') } sort { $a <=> $b } keys %receipt), '',
+	'every receipt reads durable when its row is on the new primary, lost when not');
+# The new timeline writes past the lost commits' positions: still lost.
+$standby->safe_psql('postgres', q{SET delayed_durability.mode = disabled;
+INSERT INTO t SELECT g, NULL FROM generate_series(10000, 14000) AS g; SELECT flush_log();});
+%status = statuses();
+is(scalar(grep { $status{$_} eq 'lost' } @lost_keys), 6, 'after the new timeline wrote past their positions, the lost ones still read lost');
+like($standby->safe_psql('postgres', "SELECT detail FROM receipt_status('$receipt{$lost_keys[0]}')"),
+	qr/timeline 1 was left at \Q$switch\E, before the commit's end/, 'and the detail says where the timeline was left');
+my %after = commit_with_receipts($standby, 20001, 20001);
+$standby->safe_psql('postgres', 'SELECT flush_log()');
+is($standby->safe_psql('postgres', "SELECT status FROM receipt_status('$after{20001}')"), 'durable', 'a receipt issued after the promotion is unaffected');
+
+# ---- the old primary's record, copied while it is down, imported on the
+# new primary: exactly the six, matched by xid and position.
+my $copy = $standby->basedir . '/old_primary_commits';
+copy($old_record, $copy) or die "copy: $!";
+is($standby->safe_psql('postgres', "SELECT delayed_durability_import_failover_record('$copy')"), '6', 'import: six lost');
+my @listed = split /\n/, $standby->safe_psql('postgres',
+	"SELECT xid || ' ' || commit_lsn FROM delayed_durability_lost_commits WHERE lost_in = 'failover' ORDER BY commit_lsn");
+my @expected = map { my @f = split /:/, $receipt{$_}; "$f[3] $f[2]" } @lost_keys;
+is_deeply(\@listed, \@expected, 'listed: exactly the commits absent from the new primary, by xid and commit position');
+is($standby->safe_psql('postgres', 'SELECT lost_commits, exact FROM delayed_durability_failovers'), '6|t', 'the failover row is exact now');
+is($standby->safe_psql('postgres', 'SELECT count(*) FROM delayed_durability_failovers', extra_params => [ '-U', 'watcher' ]),
+	'1', 'pg_monitor reads the failovers');
+$standby->safe_psql('postgres', 'CREATE ROLE nobody_special LOGIN');
+my ($ret_public, $out_public, $err_public) = $standby->psql('postgres', 'SELECT * FROM delayed_durability_failovers',
+	extra_params => [ '-U', 'nobody_special' ]);
+like($err_public, qr/permission denied/, 'a role without pg_monitor cannot read the failovers');
+
+# ---- bad input: nothing changes
+sub fails
+{
+	my ($sql, $expect, $what, @params) = @_;
+	my ($ret, $out, $err) = $standby->psql('postgres', $sql, @params);
+	isnt($ret, 0, "$what: refused");
+	like($err, $expect, "$what: $expect");
+}
+fails("SELECT delayed_durability_import_failover_record('$copy')", qr/no failover on this server waits/, 'a second import');
+my $truncated = $standby->basedir . '/truncated';
+copy($old_record, $truncated) or die;
+truncate $truncated, 4096 + 64 * 3;
+fails("SELECT delayed_durability_import_failover_record('$truncated')", qr/is truncated/, 'a truncated record');
+fails("SELECT * FROM receipt_status('not a receipt')", qr/invalid receipt "not a receipt"/, 'a malformed receipt');
+my $foreign = $receipt{ $lost_keys[0] } =~ s/^\d+/12345/r;
+fails("SELECT * FROM receipt_status('$foreign')", qr/receipt of another database system/, 'a receipt of another cluster');
+fails("SELECT delayed_durability_import_failover_record('$copy')", qr/permission denied/, 'an import by a non-superuser',
+	extra_params => [ '-U', 'watcher' ]);
+is($standby->safe_psql('postgres', 'SELECT lost_commits FROM delayed_durability_failovers'), '6', 'the report is unchanged');
+
+$standby->stop;
+done_testing();
