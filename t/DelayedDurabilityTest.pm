@@ -27,8 +27,13 @@ sub new_dd_node
 	my ($name, %opts) = @_;
 	my $node = PostgreSQL::Test::Cluster->new($name);
 	$node->init(%{ $opts{init} // {} });
+	# shared_buffers: a streaming node gets 1MB from the test framework, and
+	# a backend that must evict a dirty page flushes WAL up to it first,
+	# which can flush a delayed commit under test (a test that wants
+	# evictions sets it back in its own conf).
 	$node->append_conf('postgresql.conf', qq{
 shared_preload_libraries = 'delayed_durability'
+shared_buffers = 128MB
 fsync = on
 max_prepared_transactions = 10
 wal_writer_delay = 10s
