@@ -5,8 +5,8 @@
 #   bash pgbench/run.sh                 quick scale (about 5 minutes once built)
 #   bash pgbench/run.sh --scale full    the articles' sizes (--only 1,2,3,4,5,6: under half an hour; experiment 7 adds over an hour)
 #   bash pgbench/run.sh --only 1,2      some experiments
-#   bash pgbench/run.sh --pg 18         on another major version (15, 17, 18;
-#                                       built from source the first time);
+#   bash pgbench/run.sh --pg 18         on another major version (15, 16, 17, 18;
+#                                       installed by scripts/build_pg.sh the first time);
 #                                       the report goes to pgbench/report/pg18
 set -euo pipefail
 source "$(dirname "$0")/../scripts/common.sh"

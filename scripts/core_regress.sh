@@ -29,6 +29,10 @@ declare -A VERSION_SKEW=(
     [rules]="the server after 15.18 deparses UPDATE/DELETE/MERGE target aliases with AS"
 )
 
+if [ -n "$PG_CORE_UNAVAILABLE_WHY" ]; then
+    echo "core_regress cannot run on PostgreSQL $PG_MAJOR: $PG_CORE_UNAVAILABLE_WHY" >&2
+    exit 1
+fi
 case "${1:-}" in --no-build) ;; "") install_dependencies; build_and_install ;;
     *) echo "usage: $0 [--no-build]" >&2; exit 2 ;; esac
 [ -f "$($PG_CONFIG --pkglibdir)/delayed_durability.so" ] || { echo "delayed_durability.so is not installed" >&2; exit 1; }

@@ -9,8 +9,10 @@
 #                                        tests in VERSION_TAP; on 17 pg_regress
 #                                        and the WAL buffer's TAP tests (builds
 #                                        17 and 18 from source the first time)
-#   bash scripts/test.sh --pg N          everything on one version (15, 17, 18)
-#   bash scripts/test.sh --pg all        everything on 15, 17 and 18
+#   bash scripts/test.sh --pg N          everything on one version (15, 16, 17, 18;
+#                                        on 16, what its server cannot run is
+#                                        reported as skipped: see select_pg)
+#   bash scripts/test.sh --pg all        everything on 15, 16, 17 and 18
 # Parts (combinable; with none given, all of them; without --pg, on 15):
 #   --unit  Rust unit tests    --regress  pg_regress    --core  PostgreSQL's
 #   own suite with the library preloaded (scripts/core_regress.sh)
@@ -18,35 +20,48 @@
 set -euo pipefail
 source "$(dirname "$0")/common.sh"
 
-# On the second version of the CI matrix: what depends on the server's own
-# code paths (WAL writes and syncs, crash recovery, commit and sequence
-# internals, error reports), within the time CI has.
+# The CI matrix (bash scripts/test.sh with no argument):
+#   15   everything: unit, pg_regress, every TAP file, PostgreSQL's own suite
+#        with the library preloaded, and the Debian package test
+#   18   unit, pg_regress, every TAP file (the crash torture with fewer
+#        cycles), and the Debian package test
+#   17   unit, pg_regress and the TAP files that depend most on the server's
+#        own code paths (WAL writes and syncs, crash recovery, commit and
+#        sequence internals, error reports)
+#   16   the same (from the pgserver wheel, without amcheck: see select_pg)
+# Each version's duration is printed with its counts.
 CI_SECOND_PG=18
-VERSION_TAP="t/002_forced.pl t/011_crash_torture.pl t/013_hardening.pl t/014_wal_buffer.pl
-  t/015_crash_torture_wal_buffer.pl t/016_error_reports.pl t/017_wal_buffer_shared.pl
-  t/019_sequence_new_in_transaction.pl t/021_loss_budget.pl t/022_lost_commits.pl"
+CI_SECOND_TORTURE_CYCLES=10
+VERSION_TAP="t/002_forced.pl t/013_hardening.pl t/014_wal_buffer.pl t/016_error_reports.pl
+  t/017_wal_buffer_shared.pl t/019_sequence_new_in_transaction.pl t/021_loss_budget.pl t/022_lost_commits.pl
+  t/025_failed_statements.pl t/029_loss_budget_torture.pl"
+VERSION_TAP_16="t/002_forced.pl t/013_hardening.pl t/016_error_reports.pl t/017_wal_buffer_shared.pl
+  t/019_sequence_new_in_transaction.pl t/021_loss_budget.pl t/022_lost_commits.pl t/025_failed_statements.pl
+  t/029_loss_budget_torture.pl"
 
 pg_arg=
-if [ "${1:-}" = --pg ]; then pg_arg=${2:?--pg needs a version: 15, 17, 18 or all}; shift 2; fi
+if [ "${1:-}" = --pg ]; then pg_arg=${2:?--pg needs a version: 15, 16, 17, 18 or all}; shift 2; fi
 
 # Several versions: each runs in its own invocation; the totals are summed.
 run_matrix() {
-    local total_passed=0 total_failed=0 total_skipped=0 lines=() v args out status
+    local total_passed=0 total_failed=0 total_skipped=0 lines=() v args out status started took
     while [ $# -gt 0 ]; do
         v=$1; args=$2; shift 2
         out=$(mktemp)
+        started=$SECONDS
         set +e
         # shellcheck disable=SC2086
         bash "$0" --pg "$v" $args 2>&1 | tee "$out"
         status=${PIPESTATUS[0]}
         set -e
+        took=$((SECONDS - started))
         summary=$(grep -E '^results: [0-9]+ passed, [0-9]+ failed, [0-9]+ skipped' "$out" | tail -n1 || true)
         rm -f "$out"
         if [ -z "$summary" ]; then summary="results: 0 passed, 1 failed, 0 skipped"; fi
         read -r p f k < <(echo "$summary" | sed 's/results: \([0-9]*\) passed, \([0-9]*\) failed, \([0-9]*\) skipped/\1 \2 \3/')
         if [ "$status" != 0 ] && [ "$f" = 0 ]; then f=1; fi
         total_passed=$((total_passed + p)); total_failed=$((total_failed + f)); total_skipped=$((total_skipped + k))
-        lines+=("PostgreSQL $v${args:+ ($args)}: $p passed, $f failed, $k skipped")
+        lines+=("PostgreSQL $v${args:+ ($args)}: $p passed, $f failed, $k skipped in $((took / 60))m$((took % 60))s")
     done
     echo
     printf '%s\n' "${lines[@]}"
@@ -59,27 +74,33 @@ case "$pg_arg" in
         # Parts without --pg: on Debian's 15.
         if [ $# -gt 0 ]; then select_pg "$DEBIAN_PG_MAJOR"
         else
-            run_matrix 15 "" "$CI_SECOND_PG" "--unit --regress --tap $(echo $VERSION_TAP)" \
-                17 "--regress --tap t/014_wal_buffer.pl t/015_crash_torture_wal_buffer.pl"
+            run_matrix 15 "" \
+                "$CI_SECOND_PG" "--unit --regress --package --torture-cycles $CI_SECOND_TORTURE_CYCLES --tap" \
+                17 "--unit --regress --tap $(echo $VERSION_TAP)" \
+                16 "--unit --regress --tap $(echo $VERSION_TAP_16)"
             exit $?
         fi ;;
     all)
         args="$*"
-        run_matrix 15 "$args" 17 "$args" 18 "$args"
+        run_matrix 15 "$args" 16 "$args" 17 "$args" 18 "$args"
         exit $? ;;
     *) select_pg "$pg_arg" ;;
 esac
 
-run_unit=0 run_regress=0 run_tap=0 run_core=0 tap_files=()
-if [ $# -eq 0 ]; then run_unit=1 run_regress=1 run_tap=1 run_core=1; fi
+run_unit=0 run_regress=0 run_tap=0 run_core=0 run_package=0 tap_files=()
+# Everything, on 15 with PostgreSQL's own suite; the package test where the
+# major's server can be installed beside it (see scripts/test_package.sh).
+if [ $# -eq 0 ]; then run_unit=1 run_regress=1 run_tap=1 run_core=1 run_package=1; fi
 while [ $# -gt 0 ]; do
     case "$1" in
         --unit) run_unit=1 ;;
         --regress) run_regress=1 ;;
         --core) run_core=1 ;;
+        --package) run_package=1 ;;
+        --torture-cycles) TORTURE_CYCLES=${2:?--torture-cycles needs a number}; shift ;;
         --tap) run_tap=1; shift; tap_files=("$@"); break ;;
         --pg) echo "--pg comes first: $0 --pg N [parts]" >&2; exit 2 ;;
-        *) echo "usage: $0 [--pg 15|17|18|all] [--unit] [--regress] [--core] [--tap [t/file.pl ...]]" >&2; exit 2 ;;
+        *) echo "usage: $0 [--pg 15|16|17|18|all] [--unit] [--regress] [--core] [--package] [--torture-cycles N] [--tap [t/file.pl ...]]" >&2; exit 2 ;;
     esac
     shift
 done
@@ -141,6 +162,20 @@ if [ $run_tap = 1 ]; then
     if [ ${#tap_files[@]} -eq 0 ]; then
         tap_files=($(cd "$REPO_ROOT" && ls t/*.pl))
     fi
+    # Files this version's server cannot run (PG_TAP_UNAVAILABLE, set by
+    # select_pg) are reported as skipped, named or not.
+    if [ -n "$PG_TAP_UNAVAILABLE" ]; then
+        kept=()
+        for f in "${tap_files[@]}"; do
+            case " $PG_TAP_UNAVAILABLE " in
+                *" $f "*) echo "skipped on PostgreSQL $PG_MAJOR: $f ($PG_TAP_UNAVAILABLE_WHY)"; skipped=$((skipped + 1)) ;;
+                *) kept+=("$f") ;;
+            esac
+        done
+        tap_files=(${kept[@]+"${kept[@]}"})
+    fi
+fi
+if [ $run_tap = 1 ] && [ ${#tap_files[@]} -gt 0 ]; then
     mkdir -p "$work/tap"; chown postgres: "$work/tap"
     set +e
     # Counted by TAP::Harness's aggregator (scripts/tap_run.pl): skipped
@@ -165,7 +200,10 @@ if [ $run_tap = 1 ]; then
     if [ "$tap_status" != 0 ] && [ "${bad:-0}" = 0 ]; then failed=$((failed + 1)); fi
 fi
 
-if [ $run_core = 1 ]; then
+if [ $run_core = 1 ] && [ -n "$PG_CORE_UNAVAILABLE_WHY" ]; then
+    echo "skipped on PostgreSQL $PG_MAJOR: PostgreSQL's own regression suite ($PG_CORE_UNAVAILABLE_WHY)"
+    skipped=$((skipped + 1))
+elif [ $run_core = 1 ]; then
     log "PostgreSQL's regression suite with the library preloaded (scripts/core_regress.sh)"
     set +e
     DD_PG_MAJOR=$PG_MAJOR bash "$REPO_ROOT/scripts/core_regress.sh" --no-build 2>&1 | tee "$work/core_regress.log"
@@ -175,6 +213,19 @@ if [ $run_core = 1 ]; then
     bad=$(sed -n 's/^core_regress: \([0-9]*\) passed, \([0-9]*\) failed$/\2/p' "$work/core_regress.log")
     passed=$((passed + ${ok:-0})); failed=$((failed + ${bad:-0}))
     if [ "$core_status" != 0 ] && [ "${bad:-0}" = 0 ]; then failed=$((failed + 1)); fi
+fi
+
+if [ $run_package = 1 ]; then
+    log "the Debian package alone (scripts/test_package.sh)"
+    set +e
+    bash "$REPO_ROOT/scripts/test_package.sh" --pg "$PG_MAJOR" 2>&1 | tee "$work/package.log"
+    package_status=${PIPESTATUS[0]}
+    set -e
+    summary=$(grep -E '^results: [0-9]+ passed, [0-9]+ failed, [0-9]+ skipped' "$work/package.log" | tail -n1 || true)
+    read -r ok bad skip < <(echo "${summary:-results: 0 passed, 1 failed, 0 skipped}" \
+        | sed 's/results: \([0-9]*\) passed, \([0-9]*\) failed, \([0-9]*\) skipped/\1 \2 \3/')
+    passed=$((passed + ok)); failed=$((failed + bad)); skipped=$((skipped + skip))
+    if [ "$package_status" != 0 ] && [ "$bad" = 0 ]; then failed=$((failed + 1)); fi
 fi
 
 echo
