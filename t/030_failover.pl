@@ -6,6 +6,7 @@
 use strict;
 use warnings;
 use File::Copy;
+use File::Spec;
 use PostgreSQL::Test::Cluster;
 use PostgreSQL::Test::Utils;
 use Test::More;
@@ -45,24 +46,37 @@ sub walreceiver_pid
 # ---- exposure: with the standby's WAL receiver stopped (SIGSTOP) its
 # connection stays listed with the flush position it last reported.
 my %receipt = commit_with_receipts($primary, 1, 5);
+# A WAL sender sends only flushed WAL: flush it, then wait for the standby.
+$primary->safe_psql('postgres', 'SELECT flush_log()');
 $primary->wait_for_catchup($standby);
 my $receiver = walreceiver_pid();
 kill 'STOP', $receiver;
-# The primary's WAL writer stopped too: nothing flushes the six delayed
-# commits, so no WAL sender sends them.
-pause_wal_writer($primary);
-%receipt = (%receipt, commit_with_receipts($primary, 101, 106));
-my $exposure = $primary->safe_psql('postgres',
-	"SELECT delayed_commits, wal_bytes > 0, oldest_commit_age > interval '0' FROM delayed_durability_standby_exposure WHERE application_name = 'fo_standby'",
+my %exposed = commit_with_receipts($primary, 51, 56);
+my ($count, $flush_lsn, $bytes, $aged) = split /\|/, $primary->safe_psql('postgres',
+	"SELECT delayed_commits, flush_lsn, wal_bytes > 0, oldest_commit_age > interval '0' FROM delayed_durability_standby_exposure WHERE application_name = 'fo_standby'",
 	extra_params => [ '-U', 'watcher' ]);
-like($exposure, qr/^6\|t\|t$/, "exposure: the standby would lose exactly the 6 delayed commits it has not flushed ($exposure), as pg_monitor sees it");
+# Independent count: the receipts whose commit ends past the flush
+# position the standby reported.
+my $past = grep { lsn_to_int((split /:/, $_)[2]) > lsn_to_int($flush_lsn) } values(%receipt), values(%exposed);
+cmp_ok($past, '>=', 6, "exposure: the six commits made after the standby stopped are past its flush position ($flush_lsn)");
+is("$count|$bytes|$aged", "$past|t|t", 'exposure: the standby would lose exactly the acknowledged commits past its flush position, as pg_monitor sees it');
+kill 'CONT', $receiver;
+$primary->safe_psql('postgres', 'SELECT flush_log()');
+$primary->wait_for_catchup($standby);
+%receipt = (%receipt, %exposed);
+
+# The standby is cut off (no WAL receiver at all): nothing more reaches it,
+# whoever flushes the primary's WAL.
+$standby->safe_psql('postgres', "ALTER SYSTEM SET primary_conninfo = ''; SELECT pg_reload_conf()");
+$standby->poll_query_until('postgres', "SELECT count(*) = 0 FROM pg_stat_activity WHERE backend_type = 'walreceiver'")
+  or die 'the WAL receiver did not stop';
+%receipt = (%receipt, commit_with_receipts($primary, 101, 106));
 
 
 # ---- failover: the primary dies with those six unreplicated, the standby
 # is promoted.
 my $old_record = $primary->data_dir . '/delayed_durability/commits';
 kill_everything($primary);
-kill 'CONT', $receiver;
 $standby->promote;
 $standby->poll_query_until('postgres', 'SELECT NOT pg_is_in_recovery()') or die 'not promoted';
 $standby->poll_query_until('postgres', 'SELECT count(*) = 1 FROM delayed_durability_failovers') or die 'no failover row';
@@ -101,7 +115,8 @@ is($standby->safe_psql('postgres', "SELECT status FROM receipt_status('$after{20
 
 # ---- the old primary's record, copied while it is down, imported on the
 # new primary: exactly the six, matched by xid and position.
-my $copy = $standby->basedir . '/old_primary_commits';
+# Absolute: the server reads the path (18's test directories are relative).
+my $copy = File::Spec->rel2abs($standby->basedir . '/old_primary_commits');
 copy($old_record, $copy) or die "copy: $!";
 is($standby->safe_psql('postgres', "SELECT delayed_durability_import_failover_record('$copy')"), '6', 'import: six lost');
 my @listed = split /\n/, $standby->safe_psql('postgres',
@@ -125,7 +140,7 @@ sub fails
 	like($err, $expect, "$what: $expect");
 }
 fails("SELECT delayed_durability_import_failover_record('$copy')", qr/no failover on this server waits/, 'a second import');
-my $truncated = $standby->basedir . '/truncated';
+my $truncated = File::Spec->rel2abs($standby->basedir . '/truncated');
 copy($old_record, $truncated) or die;
 truncate $truncated, 4096 + 64 * 3;
 fails("SELECT delayed_durability_import_failover_record('$truncated')", qr/is truncated/, 'a truncated record');

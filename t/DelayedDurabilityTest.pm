@@ -67,8 +67,8 @@ CREATE FUNCTION flushed() RETURNS boolean LANGUAGE sql VOLATILE AS $$
 }
 
 # Runs one psql session in which each element of @$statements is its own
-# transaction, each followed by SELECT flushed(). Returns the list of
-# booleans: was the WAL flushed up to that commit right after it returned?
+# transaction. Returns the list of booleans: was its commit flushed before
+# it returned?
 sub commits_with_check
 {
 	my ($node, $db, $setup, $statements) = @_;
@@ -79,8 +79,15 @@ sub commits_with_check
 	# reads catalog pages, and with wal_log_hints (streaming setups) setting
 	# their hint bits after a checkpoint writes WAL that would land between a
 	# commit and its check.
+	# Flushed is judged by PostgreSQL's flush position against the insert
+	# position taken just before the statement: a commit that flushed moved
+	# it past that point; WAL written after the commit (a catalog page
+	# pruned by the next read, a hint bit's page image) moves only the
+	# insert position, so "insert position > flush position" proves nothing.
 	my $script = ($setup // '') . "\nSELECT flushed();\n";
-	$script .= "$_\nSELECT 'flushed=' || flushed()::int;\n" for @$statements;
+	$script .= "SELECT wal_end() AS dd_before \\gset\n$_\n"
+	  . "SELECT 'flushed=' || (pg_current_wal_flush_lsn() > :'dd_before'::pg_lsn)::int;\n"
+	  for @$statements;
 	my $out = $node->safe_psql($db, $script);
 	resume_wal_writer($walwriter);
 	return map { /^flushed=1$/ ? 1 : 0 } grep { /^flushed=/ } split /\n/, $out;
