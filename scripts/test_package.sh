@@ -249,7 +249,7 @@ psql_ -d postgres -c "CREATE DATABASE dd_package"
 ok_if "CREATE EXTENSION delayed_durability" psql_ -d dd_package -c "CREATE EXTENSION delayed_durability"
 ok_if "extversion is $version, the library is preloaded" test "$(psql_ -d dd_package -c \
     "SELECT e.extversion || ' ' || s.library_preloaded FROM pg_extension e, delayed_durability_settings s
-      WHERE e.extname = 'delayed_durability' AND s.datname = current_database()")" = "$version t"
+      WHERE e.extname = 'delayed_durability' AND s.datname = current_database()")" = "$version true"
 want_versions=$(cd "$REPO_ROOT/extension" && ls delayed_durability--*.sql | sed 's/^delayed_durability--//; s/\.sql$//' \
     | tr -s '-' '\n' | grep -v '^$' | { cat; echo "$version"; } | sort -uV | paste -sd' ')
 got_versions=$(psql_ -d postgres -c "SELECT version FROM pg_available_extension_versions
