@@ -215,6 +215,17 @@ elif [ $run_core = 1 ]; then
     if [ "$core_status" != 0 ] && [ "${bad:-0}" = 0 ]; then failed=$((failed + 1)); fi
 fi
 
+if [ $run_package = 1 ] && [ "$PG_MAJOR" = "$DEBIAN_PG_MAJOR" ]; then
+    log "META.json against the PGXN spec (scripts/check_meta.sh)"
+    set +e
+    bash "$REPO_ROOT/scripts/check_meta.sh" 2>&1 | tee "$work/meta.log"
+    meta_status=${PIPESTATUS[0]}
+    set -e
+    ok=$(sed -n 's/^check_meta: \([0-9]*\) passed, \([0-9]*\) failed$/\1/p' "$work/meta.log")
+    bad=$(sed -n 's/^check_meta: \([0-9]*\) passed, \([0-9]*\) failed$/\2/p' "$work/meta.log")
+    passed=$((passed + ${ok:-0})); failed=$((failed + ${bad:-0}))
+    if [ "$meta_status" != 0 ] && [ "${bad:-0}" = 0 ]; then failed=$((failed + 1)); fi
+fi
 if [ $run_package = 1 ]; then
     log "the Debian package alone (scripts/test_package.sh)"
     set +e
