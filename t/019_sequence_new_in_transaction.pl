@@ -69,7 +69,7 @@ SELECT 'flushed=' || is_durable(last_commit_lsn());
 	# was for that one transaction.
 	$node->safe_psql('postgres', 'CREATE TABLE t (id int)');
 	settle_wal_writer($node);
-	is($node->safe_psql('postgres', "INSERT INTO t VALUES (1);\nSELECT flushed();"), 'f',
+	is($node->safe_psql('postgres', "CALL mark_wal();\nINSERT INTO t VALUES (1);\nSELECT flushed_since_mark();"), 'f',
 		"$wal_level: the next commit is delayed again");
 
 	# The same for an identity column's sequence, created with its table

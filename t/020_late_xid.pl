@@ -2,7 +2,8 @@
 # that get their transaction id only after the pre-commit callbacks (NOTIFY
 # and pg_notify(): PreCommit_Notify assigns it), and those whose commit
 # drops files decided after them (ON COMMIT DROP): checked by the WAL flush
-# position right after each commit and by the counter deltas. Then a
+# position against the insert position noted just before each commit, and
+# by the counter deltas. Then a
 # listener that received a notification finds the notifying transaction
 # committed after a power cut, under disabled with synchronous_commit = off.
 use strict;
@@ -46,7 +47,7 @@ for my $setting (['disabled', 'off', 0], ['allowed', 'off', 1], ['allowed', 'on'
 	settle_wal_writer($node);
 	my $script = "SET delayed_durability.mode = $mode;\nSET synchronous_commit = $sync;\n"
 	  . "CREATE TEMP TABLE tt (i int) ON COMMIT DELETE ROWS;\nSELECT flushed();\n";
-	$script .= "$counters\n$_->[1]\nSELECT 'f=' || flushed()::int;\n$counters\n" for @cases;
+	$script .= "$counters\nCALL mark_wal();\n$_->[1]\nSELECT 'f=' || flushed_since_mark()::int;\n$counters\n" for @cases;
 	my @out = grep { /^[cf]=/ } split /\n/, $node->safe_psql('postgres', $script);
 	for my $case (@cases)
 	{

@@ -100,19 +100,19 @@ is(count_in('web', 'SELECT count(*) FROM payments WHERE id BETWEEN 101 AND 102')
 settle_wal_writer($node);
 my $bg = $node->background_psql('web', on_error_stop => 1);
 $bg->query_safe("CREATE TABLE IF NOT EXISTS orders (id int); INSERT INTO orders VALUES (0)");
-$bg->query_safe("SET delayed_durability.mode = 'forced'; INSERT INTO orders VALUES (1)");
-is($bg->query_safe('SELECT flushed()'), 'f', 'another session: unclassified, forced: delayed');
+$bg->query_safe("SET delayed_durability.mode = 'forced'; CALL mark_wal(); INSERT INTO orders VALUES (1)");
+is($bg->query_safe('SELECT flushed_since_mark()'), 'f', 'another session: unclassified, forced: delayed');
 $node->safe_psql('web', "SELECT delayed_durability_set_table_class('orders', 'durable')");
-$bg->query_safe('INSERT INTO orders VALUES (2)');
-is($bg->query_safe('SELECT flushed()'), 't', 'another session: the class set meanwhile makes the next commit durable');
+$bg->query_safe('CALL mark_wal(); INSERT INTO orders VALUES (2)');
+is($bg->query_safe('SELECT flushed_since_mark()'), 't', 'another session: the class set meanwhile makes the next commit durable');
 $node->safe_psql('web', "SELECT delayed_durability_set_table_class('orders', NULL)");
-$bg->query_safe('INSERT INTO orders VALUES (3)');
-is($bg->query_safe('SELECT flushed()'), 'f', 'another session: cleared meanwhile, delayed again');
+$bg->query_safe('CALL mark_wal(); INSERT INTO orders VALUES (3)');
+is($bg->query_safe('SELECT flushed_since_mark()'), 'f', 'another session: cleared meanwhile, delayed again');
 # A class set while a transaction is open applies to its commit.
 $bg->query_safe('BEGIN; INSERT INTO orders VALUES (4)');
 $node->safe_psql('web', "SELECT delayed_durability_set_table_class('orders', 'durable')");
-$bg->query_safe('COMMIT');
-is($bg->query_safe('SELECT flushed()'), 't', 'another session: a class set during an open transaction applies to its commit');
+$bg->query_safe('CALL mark_wal(); COMMIT');
+is($bg->query_safe('SELECT flushed_since_mark()'), 't', 'another session: a class set during an open transaction applies to its commit');
 
 # COMMIT PREPARED makes other sessions read the classes again only when the
 # prepared transaction changed one. Each read of the classes is a scan of
@@ -138,8 +138,8 @@ $node->safe_psql('web', "CREATE TABLE refunds (id int); BEGIN; SELECT delayed_du
 # invalidation, only the shared generation tells its commit.
 $bg->query_safe('BEGIN; INSERT INTO refunds VALUES (1)');
 $node->safe_psql('web', "COMMIT PREPARED 'with_class'");
-$bg->query_safe('COMMIT');
-is($bg->query_safe('SELECT flushed()'), 't', 'COMMIT PREPARED of a class change: applies to the commit of a transaction open in another session');
+$bg->query_safe('CALL mark_wal(); COMMIT');
+is($bg->query_safe('SELECT flushed_since_mark()'), 't', 'COMMIT PREPARED of a class change: applies to the commit of a transaction open in another session');
 cmp_ok(config_scans() - $scans, '>=', 1, 'and that session read the classes again');
 $bg->quit;
 
@@ -168,11 +168,14 @@ $node->safe_psql('postgres', 'CREATE DATABASE dropext');
 $node->safe_psql('dropext', q{CREATE TABLE p (i int); SELECT delayed_durability_set_table_class('p', 'durable');});
 my $dropext = $node->safe_psql('dropext', q{SET delayed_durability.mode = 'forced';
 SELECT flushed();
+CALL mark_wal();
 INSERT INTO p VALUES (1);
-SELECT 'class=' || flushed();
+SELECT 'class=' || flushed_since_mark();
 DROP EXTENSION delayed_durability CASCADE;
+SELECT flushed();
+CALL mark_wal();
 INSERT INTO p VALUES (2);
-SELECT 'dropped=' || flushed();});
+SELECT 'dropped=' || flushed_since_mark();});
 like($dropext, qr/class=true/, 'before DROP EXTENSION: the durable class applies');
 like($dropext, qr/dropped=false/, 'after DROP EXTENSION: no class, the commit follows forced');
 
@@ -188,8 +191,9 @@ is($node->safe_psql('web_restored', 'SELECT "table", class FROM delayed_durabili
 like($node->safe_psql('web_restored', q{SELECT flushed() IS NOT NULL FROM delayed_durability_stats LIMIT 1;
 SET delayed_durability.mode = 'forced';
 SELECT commits_durable_by_table AS before FROM delayed_durability_stats WHERE datname = current_database() \gset
+CALL mark_wal();
 INSERT INTO payments VALUES (1000, 1);
-SELECT flushed(), commits_durable_by_table - :before FROM delayed_durability_stats WHERE datname = current_database()}),
+SELECT flushed_since_mark(), commits_durable_by_table - :before FROM delayed_durability_stats WHERE datname = current_database()}),
 	qr/^t\nt\|1$/, 'and uses them');
 
 # Logical replication: the apply worker's commits follow the subscriber's

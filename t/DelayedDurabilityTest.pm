@@ -61,6 +61,15 @@ CREATE FUNCTION wal_end() RETURNS pg_lsn LANGUAGE sql VOLATILE AS $$
   FROM (SELECT pg_current_wal_insert_lsn() AS i) AS s $$;
 CREATE FUNCTION flushed() RETURNS boolean LANGUAGE sql VOLATILE AS $$
   SELECT pg_current_wal_flush_lsn() >= wal_end() $$;
+-- Was a commit flushed? Judged by the flush position against the insert
+-- position noted just before it (CALL mark_wal()): WAL written after the
+-- commit (a catalog page pruned by the next read, a hint bit's page image)
+-- moves only the insert position, so flushed() right after a commit can
+-- read false for a commit that was flushed.
+CREATE PROCEDURE mark_wal() LANGUAGE sql AS $$
+  SELECT set_config('dd_test.wal_mark', wal_end()::text, false) $$;
+CREATE FUNCTION flushed_since_mark() RETURNS boolean LANGUAGE sql VOLATILE AS $$
+  SELECT pg_current_wal_flush_lsn() > current_setting('dd_test.wal_mark')::pg_lsn $$;
 });
 	}
 	return $node;
