@@ -42,6 +42,13 @@ for my $file ($agg->descriptions)
 	push @problems, "$file: " . join(', ', @why) . ($broken || $skip_fails ? ' (counted as failed)' : '');
 }
 print "\n";
+# Each file's wall-clock time, to keep the CI matrix within its budget.
+for my $file ($agg->descriptions)
+{
+	my ($parser) = $agg->parsers($file);
+	printf "tap time: %-40s %4d s\n", $file, $parser->end_time - $parser->start_time
+	  if defined $parser->start_time && defined $parser->end_time;
+}
 print "tap problem: $_\n" for @problems;
 print "tap: $passed passed, $failed failed, $skipped skipped, $todo todo\n";
 exit($failed ? 1 : 0);

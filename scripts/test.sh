@@ -4,11 +4,10 @@
 # tests (sql/, expected/), the Perl TAP tests (t/*.pl) as the postgres user
 # and PostgreSQL's own regression suite with the library preloaded. Run as
 # root on Debian 12.
-#   bash scripts/test.sh                 the CI matrix: everything on 15; on 18
-#                                        the unit tests, pg_regress and the TAP
-#                                        tests in VERSION_TAP; on 17 pg_regress
-#                                        and the WAL buffer's TAP tests (builds
-#                                        17 and 18 from source the first time)
+#   bash scripts/test.sh                 the CI matrix (below): everything on
+#                                        15, most on 18, the version-sensitive
+#                                        part on 17 and 16 (builds 17 and 18
+#                                        from source the first time)
 #   bash scripts/test.sh --pg N          everything on one version (15, 16, 17, 18;
 #                                        on 16, what its server cannot run is
 #                                        reported as skipped: see select_pg)
@@ -16,25 +15,32 @@
 # Parts (combinable; with none given, all of them; without --pg, on 15):
 #   --unit  Rust unit tests    --regress  pg_regress    --core  PostgreSQL's
 #   own suite with the library preloaded (scripts/core_regress.sh)
+#   --package  the Debian package alone (scripts/test_package.sh)
+#   --ha  a short failover soak under Patroni (scripts/ha_torture.sh, on 15)
 #   --tap [t/NNN_x.pl ...]  TAP (all or the named files; must come last)
 set -euo pipefail
 source "$(dirname "$0")/common.sh"
 
 # The CI matrix (bash scripts/test.sh with no argument):
 #   15   everything: unit, pg_regress, every TAP file, PostgreSQL's own suite
-#        with the library preloaded, and the Debian package test
-#   18   unit, pg_regress, every TAP file (the crash torture with fewer
-#        cycles), and the Debian package test
-#   17   unit, pg_regress and the TAP files that depend most on the server's
-#        own code paths (WAL writes and syncs, crash recovery, commit and
+#        with the library preloaded, the Debian package test, and a short
+#        failover soak under Patroni (two failovers)
+#   18   pg_regress, every TAP file but the two that run the experiments
+#        (t/010, t/023: the runner, not the server, is what they test), the
+#        crash torture with fewer cycles, and the Debian package test
+#   17   pg_regress and the TAP files that depend most on the server's own
+#        code paths (WAL writes and syncs, crash recovery, commit and
 #        sequence internals, error reports)
 #   16   the same (from the pgserver wheel, without amcheck: see select_pg)
-# Each version's duration is printed with its counts.
+# The Rust unit tests (the WAL buffer's format, the record's layout) run on
+# 15 only: they test Rust code alone, and their debug build would cost each
+# other version minutes. Each version's duration is printed with its counts.
 CI_SECOND_PG=18
 CI_SECOND_TORTURE_CYCLES=10
 VERSION_TAP="t/002_forced.pl t/013_hardening.pl t/014_wal_buffer.pl t/016_error_reports.pl
   t/017_wal_buffer_shared.pl t/019_sequence_new_in_transaction.pl t/021_loss_budget.pl t/022_lost_commits.pl
   t/025_failed_statements.pl t/029_loss_budget_torture.pl"
+SECOND_PG_SKIPPED_TAP="t/010_experiments_report.pl t/023_readme_figures.pl"
 VERSION_TAP_16="t/002_forced.pl t/013_hardening.pl t/016_error_reports.pl t/017_wal_buffer_shared.pl
   t/019_sequence_new_in_transaction.pl t/021_loss_budget.pl t/022_lost_commits.pl t/025_failed_statements.pl
   t/029_loss_budget_torture.pl"
@@ -74,10 +80,11 @@ case "$pg_arg" in
         # Parts without --pg: on Debian's 15.
         if [ $# -gt 0 ]; then select_pg "$DEBIAN_PG_MAJOR"
         else
+            second_tap=$(cd "$REPO_ROOT" && ls t/*.pl | grep -vxF -f <(echo $SECOND_PG_SKIPPED_TAP | tr ' ' '\n') | tr '\n' ' ')
             run_matrix 15 "" \
-                "$CI_SECOND_PG" "--unit --regress --package --torture-cycles $CI_SECOND_TORTURE_CYCLES --tap" \
-                17 "--unit --regress --tap $(echo $VERSION_TAP)" \
-                16 "--unit --regress --tap $(echo $VERSION_TAP_16)"
+                "$CI_SECOND_PG" "--regress --package --torture-cycles $CI_SECOND_TORTURE_CYCLES --tap $second_tap" \
+                17 "--regress --tap $(echo $VERSION_TAP)" \
+                16 "--regress --tap $(echo $VERSION_TAP_16)"
             exit $?
         fi ;;
     all)
@@ -87,20 +94,21 @@ case "$pg_arg" in
     *) select_pg "$pg_arg" ;;
 esac
 
-run_unit=0 run_regress=0 run_tap=0 run_core=0 run_package=0 tap_files=()
+run_unit=0 run_regress=0 run_tap=0 run_core=0 run_package=0 run_ha=0 tap_files=()
 # Everything, on 15 with PostgreSQL's own suite; the package test where the
 # major's server can be installed beside it (see scripts/test_package.sh).
-if [ $# -eq 0 ]; then run_unit=1 run_regress=1 run_tap=1 run_core=1 run_package=1; fi
+if [ $# -eq 0 ]; then run_unit=1 run_regress=1 run_tap=1 run_core=1 run_package=1 run_ha=1; fi
 while [ $# -gt 0 ]; do
     case "$1" in
         --unit) run_unit=1 ;;
         --regress) run_regress=1 ;;
         --core) run_core=1 ;;
         --package) run_package=1 ;;
+        --ha) run_ha=1 ;;
         --torture-cycles) TORTURE_CYCLES=${2:?--torture-cycles needs a number}; shift ;;
         --tap) run_tap=1; shift; tap_files=("$@"); break ;;
         --pg) echo "--pg comes first: $0 --pg N [parts]" >&2; exit 2 ;;
-        *) echo "usage: $0 [--pg 15|16|17|18|all] [--unit] [--regress] [--core] [--package] [--torture-cycles N] [--tap [t/file.pl ...]]" >&2; exit 2 ;;
+        *) echo "usage: $0 [--pg 15|16|17|18|all] [--unit] [--regress] [--core] [--package] [--ha] [--torture-cycles N] [--tap [t/file.pl ...]]" >&2; exit 2 ;;
     esac
     shift
 done
@@ -237,6 +245,21 @@ if [ $run_package = 1 ]; then
         | sed 's/results: \([0-9]*\) passed, \([0-9]*\) failed, \([0-9]*\) skipped/\1 \2 \3/')
     passed=$((passed + ok)); failed=$((failed + bad)); skipped=$((skipped + skip))
     if [ "$package_status" != 0 ] && [ "$bad" = 0 ]; then failed=$((failed + 1)); fi
+fi
+
+if [ $run_ha = 1 ] && [ "$PG_MAJOR" != "$DEBIAN_PG_MAJOR" ]; then
+    echo "skipped on PostgreSQL $PG_MAJOR: the Patroni soak (Patroni runs Debian's PostgreSQL $DEBIAN_PG_MAJOR)"
+    skipped=$((skipped + 1))
+elif [ $run_ha = 1 ]; then
+    log "a short failover soak under Patroni (scripts/ha_torture.sh)"
+    set +e
+    bash "$REPO_ROOT/scripts/ha_torture.sh" --no-build --failovers "${HA_FAILOVERS:-2}" 2>&1 | tee "$work/ha.log"
+    ha_status=${PIPESTATUS[0]}
+    set -e
+    ok=$(sed -n 's/^ha_torture: \([0-9]*\) passed, \([0-9]*\) failed$/\1/p' "$work/ha.log")
+    bad=$(sed -n 's/^ha_torture: \([0-9]*\) passed, \([0-9]*\) failed$/\2/p' "$work/ha.log")
+    passed=$((passed + ${ok:-0})); failed=$((failed + ${bad:-0}))
+    if [ "$ha_status" != 0 ] && [ "${bad:-0}" = 0 ]; then failed=$((failed + 1)); fi
 fi
 
 echo
