@@ -10,12 +10,14 @@
 
 use pgrx_pg_config::{PgConfig, Pgrx};
 
-const SOURCES: [&str; 5] = [
+const SOURCES: [&str; 7] = [
     "src/c/hooks.c",
     "src/c/sequence_call.c",
     "src/c/sequence_page.c",
+    "src/c/standby_budget.c",
     "src/c/sync_standby.c",
     "src/c/table_class.c",
+    "src/c/wal_receiver.c",
 ];
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {

@@ -87,6 +87,19 @@ VOLATILE PARALLEL UNSAFE
 LANGUAGE c /* Rust */
 AS 'MODULE_PATHNAME', 'delayed_durability_import_failover_record_wrapper';
 
+CREATE  FUNCTION "delayed_durability_standby_budget_state"() RETURNS TABLE (
+	"slot_name" TEXT,  /* Option < String > */
+	"streaming" bool,  /* Option < bool > */
+	"confirmed_flush" bigint,  /* Option < i64 > */
+	"wal_bytes_past" bigint,  /* Option < i64 > */
+	"commits_waited" bigint,  /* i64 */
+	"commits_fallen_back" bigint,  /* i64 */
+	"waits_canceled" bigint  /* i64 */
+)
+STRICT VOLATILE PARALLEL RESTRICTED
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'delayed_durability_standby_budget_state_wrapper';
+
 CREATE  FUNCTION "last_commit_receipt"() RETURNS TEXT /* Option < String > */
 STRICT VOLATILE PARALLEL RESTRICTED
 LANGUAGE c /* Rust */
@@ -177,6 +190,18 @@ CREATE VIEW delayed_durability_standby_exposure AS
            now() - e.oldest_acknowledged_at AS oldest_commit_age
       FROM pg_catalog.pg_stat_replication AS s
       LEFT JOIN LATERAL delayed_durability_exposure((s.flush_lsn - '0/0'::pg_lsn)::bigint) AS e ON true;
+
+-- The byte loss budget kept against a standby (budget_standby_slot).
+CREATE VIEW delayed_durability_standby_budget AS
+    SELECT b.slot_name,
+           b.streaming,
+           '0/0'::pg_lsn + b.confirmed_flush::numeric AS confirmed_flush_lsn,
+           b.wal_bytes_past,
+           b.commits_waited,
+           b.commits_fallen_back,
+           b.waits_canceled
+      FROM delayed_durability_standby_budget_state() AS b;
+GRANT SELECT ON delayed_durability_standby_budget TO PUBLIC;
 
 REVOKE ALL ON delayed_durability_crashes, delayed_durability_lost_commits, delayed_durability_failovers,
     delayed_durability_standby_exposure FROM PUBLIC;

@@ -270,11 +270,13 @@ fn after_commit() {
         if commit_end != 0 {
             let outcome = outcome(&decision, commit_end, commit_prepared_end.is_some());
             // The loss budget and the record of acknowledgements apply to
-            // every commit the policy delayed whose WAL is not flushed.
-            let budget_flushed = outcome == Outcome::Delayed && crate::loss::acknowledge(commit_end);
-            if outcome == Outcome::DelayedFlushedMeanwhile {
-                crate::loss::record_flushed_acknowledgement(commit_end);
-            }
+            // every commit the policy delayed; the budget against a standby
+            // also to one another process flushed here meanwhile.
+            let budget_flushed = match outcome {
+                Outcome::Delayed => crate::loss::acknowledge(commit_end),
+                Outcome::DelayedFlushedMeanwhile => crate::loss::record_flushed_acknowledgement(commit_end),
+                _ => false,
+            };
             let durable = matches!(outcome, Outcome::Durable | Outcome::DurableByCore) || budget_flushed;
             stats::count(if durable { Counter::CommitsDurable } else { Counter::CommitsDelayed });
             if decision.wanted_delayed && matches!(outcome, Outcome::Durable | Outcome::DurableByCore) {

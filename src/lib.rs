@@ -167,6 +167,18 @@ CREATE VIEW delayed_durability_standby_exposure AS
       FROM pg_catalog.pg_stat_replication AS s
       LEFT JOIN LATERAL delayed_durability_exposure((s.flush_lsn - '0/0'::pg_lsn)::bigint) AS e ON true;
 
+-- The byte loss budget kept against a standby (budget_standby_slot).
+CREATE VIEW delayed_durability_standby_budget AS
+    SELECT b.slot_name,
+           b.streaming,
+           '0/0'::pg_lsn + b.confirmed_flush::numeric AS confirmed_flush_lsn,
+           b.wal_bytes_past,
+           b.commits_waited,
+           b.commits_fallen_back,
+           b.waits_canceled
+      FROM delayed_durability_standby_budget_state() AS b;
+GRANT SELECT ON delayed_durability_standby_budget TO PUBLIC;
+
 REVOKE ALL ON delayed_durability_crashes, delayed_durability_lost_commits, delayed_durability_failovers,
     delayed_durability_standby_exposure FROM PUBLIC;
 -- Read-only monitoring, as PostgreSQL grants its own monitoring views.

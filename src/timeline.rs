@@ -67,16 +67,23 @@ pub fn read(current: u32) -> Result<History, String> {
 /// standby that follows a new primary receives its timeline before it
 /// replays it).
 pub fn current() -> u32 {
+    // SAFETY: reads shared WAL state; raises nothing.
+    followed().unwrap_or_else(|| unsafe { insertion_timeline() })
+}
+
+/// During recovery, the newest timeline replayed or received; None once
+/// recovery ended. Never the timeline a promotion starts: a promotion that
+/// completes meanwhile leaves these at the timeline it left.
+pub fn followed() -> Option<u32> {
     // SAFETY: reads shared WAL and WAL receiver state; raises nothing.
     unsafe {
-        if pg_sys::RecoveryInProgress() {
-            let (mut replayed, mut received) = (0, 0);
-            pg_sys::GetXLogReplayRecPtr(&mut replayed);
-            pg_sys::GetWalRcvFlushRecPtr(std::ptr::null_mut(), &mut received);
-            replayed.max(received)
-        } else {
-            insertion_timeline()
+        if !pg_sys::RecoveryInProgress() {
+            return None;
         }
+        let (mut replayed, mut received) = (0, 0);
+        pg_sys::GetXLogReplayRecPtr(&mut replayed);
+        pg_sys::GetWalRcvFlushRecPtr(std::ptr::null_mut(), &mut received);
+        Some(replayed.max(received))
     }
 }
 

@@ -151,5 +151,18 @@ fails("SELECT delayed_durability_import_failover_record('$copy')", qr/permission
 	extra_params => [ '-U', 'watcher' ]);
 is($standby->safe_psql('postgres', 'SELECT lost_commits FROM delayed_durability_failovers'), '6', 'the report is unchanged');
 
+# ---- kept across a restart, not recorded twice; the reset forgets it,
+# and the next start does not record the same promotion again.
+$standby->restart;
+is($standby->safe_psql('postgres', q{SELECT count(*) || ' ' || sum(lost_commits) FROM delayed_durability_failovers}), '1 6',
+	'after a restart: the same one failover, its list kept');
+$standby->safe_psql('postgres', 'SELECT delayed_durability_lost_commits_reset()');
+is($standby->safe_psql('postgres', q{SELECT (SELECT count(*) FROM delayed_durability_failovers) || ' '
+	|| (SELECT count(*) FROM delayed_durability_lost_commits WHERE lost_in = 'failover')}), '0 0',
+	'the reset forgets the failover and its lost commits');
+$standby->restart;
+is($standby->safe_psql('postgres', 'SELECT count(*) FROM delayed_durability_failovers'), '0',
+	'and the next start does not record that promotion again');
+
 $standby->stop;
 done_testing();

@@ -92,6 +92,20 @@ fn write_failovers(f: &Failovers) -> std::io::Result<()> {
     report::sync_dir()
 }
 
+/// Forgets every recorded failover and its lost commits; keeps the
+/// timeline this server last ran on, so the next start does not record
+/// the last promotion again.
+pub(super) fn forget() -> std::io::Result<()> {
+    let mut failovers = read_failovers();
+    if failovers.events.is_empty() && failovers.lost.is_empty() {
+        return Ok(());
+    }
+    failovers.events.clear();
+    failovers.lost.clear();
+    write_failovers(&failovers)
+        .map_err(|e| std::io::Error::new(e.kind(), format!("could not write \"{FAILOVER_FILE}\": {e}")))
+}
+
 fn not_imported(old_tli: u32, new_tli: u32, switch: u64) -> String {
     format!(
         "unknown: timeline {old_tli} was left at {} for {new_tli}; the delayed commits the old primary \
@@ -100,9 +114,56 @@ acknowledged past it are lost; import its record with delayed_durability_import_
     )
 }
 
+/// In the report worker on a standby: notes a newer timeline it follows
+/// (never an older one), without recording a failover.
+pub fn follow_timeline() -> std::io::Result<()> {
+    // Not timeline::current(): a promotion completing right now must be
+    // left to note_timeline(), which records it as a failover.
+    let Some(current) = crate::timeline::followed() else { return Ok(()) };
+    let mut failovers = read_failovers();
+    if failovers.timeline.is_some_and(|t| t >= current) {
+        return Ok(());
+    }
+    failovers.timeline = Some(current);
+    write_failovers(&failovers)
+}
+
+extern "C-unwind" {
+    fn dd_wal_receiver_latest(end: *mut u64, at: *mut i64, tli: *mut u32) -> bool;
+}
+
+/// What the server this one streamed from last reported of its WAL (its
+/// flushed end, in WAL data and keepalive messages), when, on which
+/// timeline: kept in shared memory after the WAL receiver stopped, until
+/// this server restarts.
+fn last_heard_from_upstream() -> Option<(u64, i64, u32)> {
+    let (mut end, mut at, mut tli) = (0u64, 0i64, 0u32);
+    // SAFETY: reads the WAL receiver's shared state under its spinlock; raises nothing.
+    unsafe { dd_wal_receiver_latest(&mut end, &mut at, &mut tli) }.then_some((end, at, tli))
+}
+
+/// What is known without the old primary's record: how far the WAL it
+/// reported flushed went past the switch point (never received here).
+fn heard_detail(end: u64, at: i64, now: i64, switch: u64) -> String {
+    let before = (now - at).max(0) as f64 / 1e6;
+    if end > switch {
+        format!(
+            "; it last reported (about {before:.1} s before the promotion was noted) its WAL flushed up to {}: {} bytes of flushed WAL past the switch point never reached this server, and with them every commit they hold, besides the delayed commits it acknowledged unflushed",
+            lsn_text(end),
+            end - switch
+        )
+    } else {
+        format!(
+            "; it last reported (about {before:.1} s before the promotion was noted) its WAL flushed up to {}, all of which this server received: what was lost is what it acknowledged past that, unflushed (within its max_loss_bytes when set)",
+            lsn_text(end)
+        )
+    }
+}
+
 /// In the report worker, once recovery finished: a timeline newer than
 /// the last one this server ran on is a promotion, recorded as a failover.
 pub fn note_timeline() -> std::io::Result<()> {
+    let heard = last_heard_from_upstream();
     let current = crate::timeline::current();
     let mut failovers = read_failovers();
     if failovers.timeline == Some(current) {
@@ -125,7 +186,12 @@ pub fn note_timeline() -> std::io::Result<()> {
                 new_tli,
                 switch: *switch,
                 lost: None,
-                detail: not_imported(*old_tli, new_tli, *switch),
+                detail: match heard {
+                    Some((end, at, tli)) if tli == *old_tli => {
+                        not_imported(*old_tli, new_tli, *switch) + &heard_detail(end, at, now, *switch)
+                    }
+                    _ => not_imported(*old_tli, new_tli, *switch),
+                },
             });
             pgrx::log!(
                 "delayed_durability: failover: timeline {old_tli} was left at {} for timeline {new_tli}; delayed commits the old primary acknowledged past that point are lost (import its record with delayed_durability_import_failover_record() to list them)",

@@ -15,6 +15,8 @@
 mod failover;
 mod report;
 mod ring;
+mod saved_record;
+mod standby_budget;
 
 use crate::flush::flush_end;
 use crate::stats::now;
@@ -34,6 +36,8 @@ pub static LOST_COMMITS_RING_SIZE: GucSetting<i32> = GucSetting::<i32>::new(1638
 
 pub fn define_gucs() {
     use crate::settings;
+    standby_budget::define_guc();
+    saved_record::define_guc();
     // SAFETY: the assign hooks raise nothing (they store an integer).
     unsafe {
         GucRegistry::define_int_guc_with_hooks(
@@ -103,6 +107,7 @@ fn ring() -> Option<Ring> {
 /// Shared-memory startup, in every process that attaches. The ring is a
 /// file mapping the postmaster makes and its children inherit.
 pub fn attach_shared_memory() {
+    standby_budget::attach_shared_memory();
     // The postmaster, or a single-user backend (its crash recovery is a
     // crash to report too).
     // SAFETY: reading a process-wide flag set at process start.
@@ -112,8 +117,11 @@ pub fn attach_shared_memory() {
     }
 }
 
-/// The ring is a file mapping, not PostgreSQL shared memory.
-pub fn request_shared_memory() {}
+/// The ring is a file mapping, not PostgreSQL shared memory; the standby
+/// budget's counters are.
+pub fn request_shared_memory() {
+    standby_budget::request_shared_memory();
+}
 
 pub fn register_worker() {
     report::register_worker();
@@ -125,6 +133,15 @@ pub fn register_worker() {
 /// Raises nothing but an XLogFlush I/O failure (a PANIC there, as in
 /// RecordTransactionCommit).
 pub fn acknowledge(commit_end: u64) -> bool {
+    let flushed = keep_local_budget(commit_end);
+    // Then against the standby, if one is named: its wait needs the WAL
+    // flushed here first, which the local budget may already have done.
+    let waited = standby_budget::keep(commit_end, crate::guc::read(&MAX_LOSS_BYTES) as u64);
+    flushed || waited
+}
+
+/// The budget against this server's own flush position, and the record.
+fn keep_local_budget(commit_end: u64) -> bool {
     let max_bytes = crate::guc::read(&MAX_LOSS_BYTES) as u64;
     let max_time_us = crate::guc::read(&MAX_LOSS_TIME) as i64 * 1000;
     // The ring this acknowledgement goes into: the time budget needs it even
@@ -177,11 +194,13 @@ pub fn acknowledge(commit_end: u64) -> bool {
 
 /// For a commit the policy delayed that another process flushed before it
 /// returned: nothing for a crash here to lose, but a standby may not have
-/// it yet, so the record of acknowledgements keeps it for a failover.
-pub fn record_flushed_acknowledgement(commit_end: u64) {
+/// it yet, so the record of acknowledgements keeps it for a failover, and
+/// the budget against a standby applies. Returns true when it waited.
+pub fn record_flushed_acknowledgement(commit_end: u64) -> bool {
     if let Some(r) = ring().filter(|_| crate::guc::read(&TRACK_LOST_COMMITS)) {
         record_in(r, commit_end, false);
     }
+    standby_budget::keep(commit_end, crate::guc::read(&MAX_LOSS_BYTES) as u64)
 }
 
 /// Records this transaction's acknowledgement; returns its time. Under a
@@ -231,14 +250,30 @@ pub fn lost_since(fxid: u64, end: u64, at: i64) -> Option<(bool, String)> {
     report::lost_since(fxid, end, at)
 }
 
-/// The background worker started when recovery finishes (at every start,
-/// and after every crash restart): compares the pending crash with the
-/// recovered WAL, notes a promotion as a failover, then sleeps until
+/// The background worker: started when recovery finishes (at every start,
+/// and after every crash restart), or on a hot standby once it is
+/// consistent. On a standby it follows the timeline it receives, so that a
+/// later promotion is recorded against the last timeline it followed, not
+/// again for each switch it followed (those are recorded by the server
+/// promoted then). Once recovery finished: compares the pending crash with
+/// the recovered WAL, notes a promotion as a failover, then sleeps until
 /// shutdown, so that the postmaster starts it again after a crash.
 #[pg_guard]
 #[no_mangle]
 pub extern "C-unwind" fn delayed_durability_report_main(_arg: pg_sys::Datum) {
-    pgrx::bgworkers::BackgroundWorker::attach_signal_handlers(pgrx::bgworkers::SignalWakeFlags::SIGTERM);
+    use pgrx::bgworkers::BackgroundWorker;
+    BackgroundWorker::attach_signal_handlers(pgrx::bgworkers::SignalWakeFlags::SIGTERM);
+    let mut warned = false;
+    while crate::flush::in_recovery() {
+        if let Err(e) = failover::follow_timeline() {
+            if !std::mem::replace(&mut warned, true) {
+                pgrx::warning!("delayed_durability: could not note the timeline this standby follows: {e}");
+            }
+        }
+        if !BackgroundWorker::wait_latch(Some(std::time::Duration::from_secs(1))) {
+            return;
+        }
+    }
     if let Err(e) = report::compare_pending() {
         pgrx::warning!("delayed_durability: could not compare the record of acknowledged delayed commits: {e}");
     }
@@ -247,5 +282,27 @@ pub extern "C-unwind" fn delayed_durability_report_main(_arg: pg_sys::Datum) {
     }
     // Stay until shutdown: a worker that exits is not started again after a
     // crash restart, and the next crash needs it.
-    while pgrx::bgworkers::BackgroundWorker::wait_latch(None) {}
+    while BackgroundWorker::wait_latch(None) {}
+}
+
+/// Forgets every reported crash and failover, with their lost commits.
+/// Superuser-only by default (the extension script revokes EXECUTE from
+/// PUBLIC).
+#[pg_extern(volatile, parallel_unsafe)]
+fn delayed_durability_lost_commits_reset() {
+    crate::preload::require_preloaded();
+    // A standby's worker writes the same files (the timeline it follows).
+    // SAFETY: reads shared recovery state; raises nothing.
+    if unsafe { pg_sys::RecoveryInProgress() } {
+        pg_sys::panic::ErrorReport::new(
+            PgSqlErrorCode::ERRCODE_READ_ONLY_SQL_TRANSACTION,
+            "cannot reset the crash and failover report during recovery",
+            "",
+        )
+        .set_hint("Reset it on the primary.")
+        .report(PgLogLevel::ERROR);
+    }
+    if let Err(e) = report::forget_crashes().and_then(|()| failover::forget()) {
+        pg_sys::panic::ErrorReport::new(PgSqlErrorCode::ERRCODE_IO_ERROR, e.to_string(), "").report(PgLogLevel::ERROR);
+    }
 }

@@ -104,7 +104,9 @@ pub fn register_worker() {
         .set_library("delayed_durability")
         .set_function("delayed_durability_report_main")
         .enable_shmem_access(None)
-        .set_start_time(BgWorkerStartTime::RecoveryFinished)
+        // A hot standby starts it once consistent (to follow timelines);
+        // a primary, after crash recovery as before.
+        .set_start_time(BgWorkerStartTime::ConsistentState)
         .set_restart_time(Some(std::time::Duration::from_secs(10)))
         .load();
 }
@@ -283,6 +285,13 @@ fn open(current: Option<Ring>, crash_restart: bool) -> Result<Ring, String> {
         Found::Ring(prev) => {
             if crashed {
                 keep(&prev, &control, &boot_id, crash_restart);
+                let s = prev.snapshot();
+                let held = s.entries.len() as u64 + s.summary.count;
+                // Not after a base backup or pg_rewind (backup_label): the
+                // record is then the source server's.
+                if held > 0 && s.system_id == control.system_id && !Path::new("backup_label").exists() {
+                    super::saved_record::save(&shown, control.system_id, held);
+                }
             }
             Some(prev)
         }
@@ -862,24 +871,12 @@ fn delayed_durability_lost_commit_rows() -> TableIterator<
     TableIterator::new(rows)
 }
 
-/// Forgets every reported crash. Superuser-only by default (the extension
-/// script revokes EXECUTE from PUBLIC).
-#[pg_extern(volatile, parallel_unsafe)]
-fn delayed_durability_lost_commits_reset() {
-    crate::preload::require_preloaded();
+/// Forgets every reported crash: removes the report file.
+pub(super) fn forget_crashes() -> std::io::Result<()> {
     match std::fs::remove_file(REPORT_FILE) {
-        Ok(()) => {
-            let _ = sync_dir();
-        }
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-        Err(e) => {
-            pg_sys::panic::ErrorReport::new(
-                PgSqlErrorCode::ERRCODE_IO_ERROR,
-                format!("could not remove \"{REPORT_FILE}\": {e}"),
-                "",
-            )
-            .report(PgLogLevel::ERROR);
-        }
+        Ok(()) => sync_dir(),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        Err(e) => Err(std::io::Error::new(e.kind(), format!("could not remove \"{REPORT_FILE}\": {e}"))),
     }
 }
 

@@ -1,0 +1,235 @@
+# Failover and failback under synchronous replication: durable commits wait
+# for the synchronous standby and are never lost nor reported lost; the
+# delayed commits made after the last durable one are lost and listed
+# exactly, from the old primary's record saved by its own crash recovery
+# (crash_record_directory) before pg_rewind replaced its delayed_durability/;
+# the old primary rejoins as a standby,
+# and a second failover back to it is reported the same way, with every
+# receipt of both rounds judged against the rows the last primary has. A
+# third node follows the first promotion as a standby: promoted itself
+# later, it records that one failover only.
+use strict;
+use warnings;
+use File::Copy;
+use File::Spec;
+use IPC::Run;
+use PostgreSQL::Test::Cluster;
+use PostgreSQL::Test::Utils;
+use Test::More;
+use DelayedDurabilityTest;
+
+# wal_keep_size: pg_rewind reads the old primary's WAL back to the last
+# checkpoint before the timelines diverged; its crash recovery's checkpoint
+# would otherwise recycle that segment.
+# crash_record_directory: the start that finds a crashed run's record (here
+# pg_rewind's single-user crash recovery) saves it there, out of pg_rewind's
+# reach.
+my $saved_dir = PostgreSQL::Test::Utils::tempdir('saved_records');
+my $node_a = new_dd_node('fb_a', init => { allows_streaming => 1 },
+	conf => "wal_keep_size = 1GB\ndelayed_durability.crash_record_directory = '$saved_dir'\n");
+$node_a->safe_psql('postgres', q{
+ALTER DATABASE postgres SET delayed_durability.mode = 'allowed';
+CREATE TABLE t (k int PRIMARY KEY, durable bool NOT NULL);
+SELECT flush_log();
+});
+$node_a->backup('b');
+my $node_b = PostgreSQL::Test::Cluster->new('fb_b');
+$node_b->init_from_backup($node_a, 'b', has_streaming => 1);
+$node_b->start;
+$node_a->wait_for_catchup($node_b);
+my $node_c = PostgreSQL::Test::Cluster->new('fb_c');
+$node_c->init_from_backup($node_a, 'b', has_streaming => 1);
+$node_c->start;
+$node_a->wait_for_catchup($node_c);
+
+sub noted_timeline
+{
+	my ($node) = @_;
+	my $file = $node->data_dir . '/delayed_durability/failovers';
+	return -e $file && slurp_file($file) =~ /^timeline\t(\d+)$/m ? $1 : 'none';
+}
+
+my (%receipt, %is_durable);
+
+# Commits $from..$to, one transaction each: even keys durable (they wait
+# for the synchronous standby), odd keys delayed; then $tail delayed
+# commits after the last durable one ($to, even).
+# Records each receipt as the client hears of it.
+sub commits
+{
+	my ($node, $from, $to, $tail) = @_;
+	my $sql = '';
+	for my $k ($from .. $to + $tail)
+	{
+		my $durable = ($k <= $to && $k % 2 == 0) ? 1 : 0;
+		$is_durable{$k} = $durable;
+		$sql .= $durable
+		  ? "INSERT INTO t VALUES ($k, true);\n"
+		  : "BEGIN; SELECT commit_delayed() \\g /dev/null\nINSERT INTO t VALUES ($k, false); COMMIT;\n";
+		$sql .= "SELECT '$k ' || last_commit_receipt();\n";
+	}
+	my $out = $node->safe_psql('postgres', $sql);
+	my %got = map { /^(\d+) (\S+)$/ ? ($1 => $2) : () } split /\n/, $out;
+	die 'missing receipts' unless keys %got == $to + $tail - $from + 1;
+	%receipt = (%receipt, %got);
+	return map { $got{$_} } ($to + 1 .. $to + $tail);
+}
+
+sub receipt_end { return lsn_to_int((split /:/, $_[0])[2]) }
+
+sub synchronous
+{
+	my ($primary, $standby_name) = @_;
+	$primary->append_conf('postgresql.conf', "synchronous_standby_names = '$standby_name'\n");
+	$primary->reload;
+	$primary->poll_query_until('postgres',
+		"SELECT sync_state = 'sync' FROM pg_stat_replication WHERE application_name = '$standby_name'")
+	  or die "$standby_name is not synchronous";
+}
+
+# Checks, on the node that is primary now: the missing rows are exactly
+# the expected ones of every round so far, no durable commit is missing,
+# every receipt reads `durable` when its row is there and `lost` when not;
+# the failover row, then the import of the old primary's record, list
+# exactly the ones this failover lost.
+sub judge
+{
+	my ($node, $round, $old_tli, $new_tli, $record, $expected_missing, $expected_lost) = @_;
+	my @expected_lost = @$expected_lost;
+	my %present = map { $_ => 1 } split /\n/, $node->safe_psql('postgres', 'SELECT k FROM t');
+	my @missing = grep { !$present{$_} } sort { $a <=> $b } keys %receipt;
+	is(join(',', grep { $is_durable{$_} } @missing), '', "$round: no durable commit is missing");
+	is(join(',', @missing), join(',', @$expected_missing), "$round: the delayed commits after the last durable one are missing, no other");
+	my @wrong;
+	for my $k (sort { $a <=> $b } keys %receipt)
+	{
+		my $status = $node->safe_psql('postgres', "SELECT status FROM receipt_status('$receipt{$k}')");
+		push @wrong, "$k=$status" if $status ne ($present{$k} ? 'durable' : 'lost');
+	}
+	is(join(',', @wrong), '', "$round: every receipt of every round reads durable when its row is there, lost when not");
+	$node->poll_query_until('postgres', "SELECT count(*) = 1 FROM delayed_durability_failovers WHERE new_timeline = $new_tli")
+	  or die 'no failover row';
+	is($node->safe_psql('postgres',
+		"SELECT old_timeline || ' ' || exact FROM delayed_durability_failovers WHERE new_timeline = $new_tli"),
+		"$old_tli false", "$round: the failover from timeline $old_tli is recorded, not exact yet");
+	my $copy = File::Spec->rel2abs($node->basedir . "/record_of_timeline_$old_tli");
+	copy($record, $copy) or die "copy: $!";
+	is($node->safe_psql('postgres', "SELECT delayed_durability_import_failover_record('$copy', $old_tli)"),
+		scalar(@expected_lost), "$round: the import lists as many as are missing");
+	my @listed = split /\n/, $node->safe_psql('postgres',
+		"SELECT xid || ' ' || commit_lsn FROM delayed_durability_lost_commits l JOIN delayed_durability_failovers f
+		  ON f.failover_at = l.crash_recovered_at WHERE l.lost_in = 'failover' AND f.new_timeline = $new_tli ORDER BY commit_lsn");
+	my @expected = map { my @f = split /:/, $receipt{$_}; "$f[3] $f[2]" } @expected_lost;
+	is_deeply(\@listed, \@expected, "$round: listed are exactly the missing ones, by xid and commit position (no durable one)");
+	is($node->safe_psql('postgres', "SELECT exact FROM delayed_durability_failovers WHERE new_timeline = $new_tli"), 't',
+		"$round: the failover row is exact");
+}
+
+# ---- round 1: A primary, B its synchronous standby.
+synchronous($node_a, 'fb_b');
+my @tail = commits($node_a, 1, 20, 6);
+my $flushed = lsn_to_int($node_a->safe_psql('postgres', 'SELECT pg_current_wal_flush_lsn()'));
+ok($flushed < receipt_end($tail[0]), 'round 1: the last six delayed commits are not flushed when the primary dies')
+  or diag("flushed $flushed, first of the six ends at " . receipt_end($tail[0]));
+kill_everything($node_a);
+$node_b->promote;
+$node_b->poll_query_until('postgres', 'SELECT NOT pg_is_in_recovery()') or die 'B not promoted';
+
+# ---- A rewound against B, as Patroni does when the old primary comes
+# back: nobody copied A's record first. pg_rewind runs A's crash recovery
+# (single-user, the library preloaded), then replaces A's
+# delayed_durability/ with B's; the record was saved before.
+# B records the failover first (pg_rewind then brings that record to A).
+$node_b->poll_query_until('postgres', 'SELECT count(*) = 1 FROM delayed_durability_failovers WHERE new_timeline = 2')
+  or die 'no failover row on B';
+# pg_rewind reads the source's timeline from its last checkpoint.
+$node_b->safe_psql('postgres', 'CHECKPOINT');
+# pg_rewind copies the source's configuration: keep A's, without the
+# synchronous standby it named.
+my $conf = slurp_file($node_a->data_dir . '/postgresql.conf');
+my ($rc, $out, $err) = (0, '', '');
+IPC::Run::run([ 'pg_rewind', '--target-pgdata', $node_a->data_dir, '--source-server', $node_b->connstr('postgres') ],
+	'>', \$out, '2>', \$err) or $rc = $?;
+is($rc, 0, 'pg_rewind of the old primary A succeeds') or diag("$out$err");
+like($err, qr/the record of the crashed run \(\d+ acknowledged delayed commits\) is saved in "\Q$saved_dir\E\//,
+	'its crash recovery saved the record of the crashed run, and logged where');
+opendir(my $dh, $saved_dir) or die $!;
+my @saved = grep { /^delayed_durability-\d+-\d+\.commits$/ } readdir $dh;
+closedir $dh;
+is(scalar @saved, 1, 'one saved record, outside the data directory');
+# Before any import, the row says what B last heard of A's flushed WAL:
+# at least the last durable commit (B confirmed it), not the unflushed tail.
+my $detail = $node_b->safe_psql('postgres', 'SELECT detail FROM delayed_durability_failovers WHERE new_timeline = 2');
+my ($heard) = $detail =~ /its WAL flushed up to ([0-9A-F]+\/[0-9A-F]+)/;
+ok(defined $heard && lsn_to_int($heard) >= receipt_end($receipt{20}) && lsn_to_int($heard) < receipt_end($tail[0]),
+	'without the record, the failover row says how far the old primary had flushed: past the last durable commit, before the delayed tail')
+  or diag($detail);
+judge($node_b, 'failover to B', 1, 2, "$saved_dir/$saved[0]", [ 21 .. 26 ], [ 21 .. 26 ]);
+
+# C, a standby of A, now follows B on timeline 2: it notes that timeline
+# (its record of the failover stays on B, the server promoted then).
+die 'the standby C did not note timeline 1 while following A' unless noted_timeline($node_c) eq '1';
+$node_c->enable_streaming($node_b);
+$node_c->restart;
+$node_b->wait_for_catchup($node_c);
+my $noted = 'none';
+for (1 .. 100)
+{
+	$noted = noted_timeline($node_c);
+	last if $noted eq '2';
+	select(undef, undef, undef, 0.1);
+}
+is($noted, '2', 'C, following B, notes timeline 2 without recording a failover');
+is($node_c->safe_psql('postgres', 'SELECT count(*) FROM delayed_durability_failovers'), '0',
+	'C shows no failover while it is a standby');
+
+# ---- A, rewound, rejoins as B's standby.
+open my $conf_fh, '>', $node_a->data_dir . '/postgresql.conf' or die $!;
+print $conf_fh $conf, "synchronous_standby_names = ''\n";
+close $conf_fh;
+$node_a->enable_streaming($node_b);
+$node_a->start;
+$node_b->wait_for_catchup($node_a);
+my @wrong_on_standby;
+my %present_b = map { $_ => 1 } split /\n/, $node_b->safe_psql('postgres', 'SELECT k FROM t');
+for my $k (sort { $a <=> $b } keys %receipt)
+{
+	my $status = $node_a->safe_psql('postgres', "SELECT status FROM receipt_status('$receipt{$k}')");
+	push @wrong_on_standby, "$k=$status" if $status ne ($present_b{$k} ? 'durable' : 'lost');
+}
+is(join(',', @wrong_on_standby), '', 'on the rejoined old primary (a standby now) the receipts read as on the new primary');
+opendir($dh, $saved_dir) or die $!;
+is(scalar(grep { /\.commits$/ } readdir $dh), 1,
+	'the rewound server\'s start saved nothing more (the record pg_rewind brought is the new primary\'s)');
+closedir $dh;
+is($node_a->safe_psql('postgres', 'SELECT count(*) FROM t'), $node_b->safe_psql('postgres', 'SELECT count(*) FROM t'),
+	'the rejoined old primary has the new primary\'s rows');
+
+# ---- round 2: B primary, A its synchronous standby; B dies; A promoted.
+synchronous($node_b, 'fb_a');
+@tail = commits($node_b, 101, 120, 6);
+$flushed = lsn_to_int($node_b->safe_psql('postgres', 'SELECT pg_current_wal_flush_lsn()'));
+ok($flushed < receipt_end($tail[0]), 'round 2: the last six delayed commits are not flushed when the primary dies')
+  or diag("flushed $flushed, first of the six ends at " . receipt_end($tail[0]));
+is($node_b->safe_psql('postgres', "SELECT delayed_commits FROM delayed_durability_standby_exposure WHERE application_name = 'fb_a'"),
+	'6', 'round 2: before it dies, the primary counts six commits a promotion of A would lose');
+my $record_b = $node_b->data_dir . '/delayed_durability/commits';
+kill_everything($node_b);
+my $saved_b = File::Spec->rel2abs($node_a->basedir . '/saved_record_b');
+copy($record_b, $saved_b) or die "copy: $!";
+$node_a->promote;
+$node_a->poll_query_until('postgres', 'SELECT NOT pg_is_in_recovery()') or die 'A not promoted';
+judge($node_a, 'failback to A', 2, 3, $saved_b, [ 21 .. 26, 121 .. 126 ], [ 121 .. 126 ]);
+is($node_a->safe_psql('postgres', 'SELECT string_agg(old_timeline || \'->\' || new_timeline, \',\' ORDER BY new_timeline) FROM delayed_durability_failovers'),
+	'1->2,2->3', 'A shows both failovers of the database system (the first one came with pg_rewind)');
+
+# C, cut off with B, promoted too: it records the failover from timeline 2
+# only, not again the one from timeline 1 it followed as a standby.
+$node_c->promote;
+$node_c->poll_query_until('postgres', 'SELECT count(*) >= 1 FROM delayed_durability_failovers') or die 'no failover row on C';
+is($node_c->safe_psql('postgres', 'SELECT string_agg(old_timeline || \'->\' || new_timeline, \',\') FROM delayed_durability_failovers'),
+	'2->3', 'C, promoted, records one failover: from the timeline it followed last');
+$node_c->stop;
+
+$node_a->stop;
+done_testing();
