@@ -1,0 +1,442 @@
+#!/usr/bin/env python3
+"""Failover soak under Patroni: three PostgreSQL nodes and etcd on 127.0.0.1,
+clients committing delayed, durable and durable-class transactions with
+their receipts, the leader killed (kill -9 of Patroni and of every server
+process) again and again. After each failover, on the new leader, with the
+clients stopped:
+
+- no acknowledged durable or durable-class commit is missing (Patroni's
+  synchronous_mode: the new leader is the synchronous standby);
+- the old leader comes back; its crash recovery (run by Patroni before
+  pg_rewind) saves its record of acknowledged commits in
+  crash_record_directory, nobody copying it; that file is imported on the
+  new leader, and the list it gives contains
+  every acknowledged delayed commit whose row is missing (by xid and commit
+  position), no commit whose row is present, and at most one commit per
+  client that the client never heard acknowledged (the one in flight);
+- every receipt the clients kept reads `durable` when its row is present
+  and `lost` when not.
+
+The rows on the new leader are the evidence; the report is what is judged.
+Run by scripts/ha_torture.sh (as root): it installs Patroni and etcd and
+builds the extension first.
+"""
+import argparse
+import json
+import os
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+
+import psycopg2
+
+ETCD_CLIENT, ETCD_PEER = 2479, 2480
+NODES = [("n1", 5541, 8201), ("n2", 5542, 8202), ("n3", 5543, 8203)]
+KINDS = [("delayed", 6), ("durable", 2), ("classed", 2)]
+
+passed = failed = 0
+
+
+def check(ok, what, detail=""):
+    global passed, failed
+    if ok:
+        passed += 1
+        print(f"ok - {what}", flush=True)
+    else:
+        failed += 1
+        print(f"not ok - {what}" + (f": {detail}" if detail else ""), flush=True)
+
+
+def as_postgres(cmd):
+    return ["runuser", "-u", "postgres", "--"] + cmd
+
+
+class Cluster:
+    def __init__(self, work, bindir):
+        self.work, self.bindir = work, bindir
+        self.procs = {}  # name -> Popen of Patroni (own session)
+        self.etcd = None
+
+    def patroni_config(self, name, port, rest):
+        data = f"{self.work}/{name}"
+        return f"""scope: ddsoak
+namespace: /ddsoak/
+name: {name}
+log:
+  level: WARNING
+restapi:
+  listen: 127.0.0.1:{rest}
+  connect_address: 127.0.0.1:{rest}
+etcd3:
+  hosts: 127.0.0.1:{ETCD_CLIENT}
+bootstrap:
+  dcs:
+    ttl: 20
+    loop_wait: 2
+    retry_timeout: 5
+    maximum_lag_on_failover: 1073741824
+    synchronous_mode: true
+    postgresql:
+      use_pg_rewind: true
+      use_slots: true
+      parameters:
+        shared_preload_libraries: delayed_durability
+        wal_log_hints: 'on'
+        wal_level: replica
+        hot_standby: 'on'
+        max_wal_senders: 10
+        max_replication_slots: 10
+        wal_keep_size: 512MB
+        fsync: 'on'
+        delayed_durability.lost_commits_ring_size: 262144
+  initdb:
+  - encoding: UTF8
+  - data-checksums
+postgresql:
+  listen: 127.0.0.1:{port}
+  connect_address: 127.0.0.1:{port}
+  data_dir: {data}
+  bin_dir: {self.bindir}
+  pgpass: {self.work}/pgpass_{name}
+  authentication:
+    superuser:
+      username: postgres
+      password: soak
+    replication:
+      username: replicator
+      password: soak
+    rewind:
+      username: postgres
+      password: soak
+  pg_hba:
+  - local all all trust
+  - host all all 127.0.0.1/32 trust
+  - host replication all 127.0.0.1/32 trust
+  parameters:
+    unix_socket_directories: '{self.work}'
+    delayed_durability.crash_record_directory: '{self.saved_dir(name)}'
+"""
+
+    def saved_dir(self, name):
+        return f"{self.work}/saved_{name}"
+
+    def start_etcd(self):
+        log = open(f"{self.work}/etcd.log", "w")
+        self.etcd = subprocess.Popen(as_postgres([
+            "etcd", "--name", "soak", "--data-dir", f"{self.work}/etcd",
+            "--listen-client-urls", f"http://127.0.0.1:{ETCD_CLIENT}",
+            "--advertise-client-urls", f"http://127.0.0.1:{ETCD_CLIENT}",
+            "--listen-peer-urls", f"http://127.0.0.1:{ETCD_PEER}",
+            "--initial-advertise-peer-urls", f"http://127.0.0.1:{ETCD_PEER}",
+            "--initial-cluster", f"soak=http://127.0.0.1:{ETCD_PEER}"]),
+            stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        wait_for(lambda: http_status(f"http://127.0.0.1:{ETCD_CLIENT}/health") == 200, 60, "etcd")
+
+    def start_node(self, name):
+        port, rest = node_ports(name)
+        path = f"{self.work}/{name}.yml"
+        if not os.path.exists(self.saved_dir(name)):
+            os.mkdir(self.saved_dir(name))
+            shutil.chown(self.saved_dir(name), "postgres")
+        if not os.path.exists(path):
+            with open(path, "w") as f:
+                f.write(self.patroni_config(name, port, rest))
+            shutil.chown(path, "postgres")
+        log = open(f"{self.work}/{name}.log", "a")
+        self.procs[name] = subprocess.Popen(as_postgres(["patroni", path]), stdout=log,
+                                            stderr=subprocess.STDOUT, start_new_session=True)
+
+    def kill_node(self, name):
+        """kill -9 of Patroni and of every server process of the node."""
+        p = self.procs.pop(name, None)
+        if p:
+            try:
+                os.killpg(p.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            p.wait()
+        pm = postmaster_pid(f"{self.work}/{name}")
+        if pm:
+            kids = subprocess.run(["pgrep", "-P", str(pm)], capture_output=True, text=True).stdout.split()
+            for pid in [pm] + [int(k) for k in kids]:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+            wait_for(lambda: not alive(pm), 30, f"{name}'s postmaster to die")
+
+    def stop_all(self):
+        for name in list(self.procs):
+            self.kill_node(name)
+        for name, _, _ in NODES:
+            pm = postmaster_pid(f"{self.work}/{name}")
+            if pm and alive(pm):
+                os.kill(pm, signal.SIGKILL)
+        if self.etcd:
+            try:
+                os.killpg(self.etcd.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            self.etcd.wait()
+
+
+def node_ports(name):
+    return next((p, r) for n, p, r in NODES if n == name)
+
+
+def postmaster_pid(data):
+    try:
+        with open(f"{data}/postmaster.pid") as f:
+            return int(f.readline())
+    except (OSError, ValueError):
+        return None
+
+
+def alive(pid):
+    try:
+        os.kill(pid, 0)
+        return True
+    except ProcessLookupError:
+        return False
+
+
+def http_status(url):
+    try:
+        with urllib.request.urlopen(url, timeout=2) as r:
+            return r.status
+    except urllib.error.HTTPError as e:
+        return e.code
+    except Exception:
+        return None
+
+
+def wait_for(cond, seconds, what):
+    deadline = time.time() + seconds
+    while time.time() < deadline:
+        try:
+            if cond():
+                return
+        except Exception:
+            pass
+        time.sleep(0.5)
+    raise RuntimeError(f"timed out after {seconds} s waiting for {what}")
+
+
+def connect(name, autocommit=True):
+    port, _ = node_ports(name)
+    c = psycopg2.connect(host="127.0.0.1", port=port, user="postgres", dbname="postgres", connect_timeout=5)
+    c.autocommit = autocommit
+    return c
+
+
+def query(name, sql, args=None):
+    c = connect(name)
+    try:
+        with c.cursor() as cur:
+            cur.execute(sql, args)
+            return cur.fetchall() if cur.description else None
+    finally:
+        c.close()
+
+
+def leader(candidates):
+    for name in candidates:
+        _, rest = node_ports(name)
+        if http_status(f"http://127.0.0.1:{rest}/primary") == 200:
+            try:
+                if query(name, "SELECT NOT pg_is_in_recovery()")[0][0]:
+                    return name
+            except Exception:
+                pass
+    return None
+
+
+def streaming_replicas(name):
+    return query(name, "SELECT count(*) FROM pg_stat_replication WHERE state = 'streaming'")[0][0]
+
+
+class Client(threading.Thread):
+    """Commits until its connection fails; keeps what it was acknowledged."""
+
+    def __init__(self, cid, node, seed):
+        super().__init__(daemon=True)
+        self.cid, self.node, self.rng = cid, node, random.Random(seed)
+        self.acked = []  # (key, kind, xid, receipt or None)
+        self.in_flight = None
+        self.error = None
+
+    def run(self):
+        try:
+            conn = connect(self.node)
+            cur = conn.cursor()
+            seq = 0
+            while True:
+                seq += 1
+                key = self.cid * 10**9 + seq
+                kind = self.rng.choices([k for k, _ in KINDS], [w for _, w in KINDS])[0]
+                table = "td" if kind == "classed" else "t"
+                self.in_flight = key
+                if kind == "durable":
+                    cur.execute(f"INSERT INTO {table} (k, kind) VALUES (%s, %s) RETURNING xid::text", (key, kind))
+                    xid = cur.fetchone()[0]
+                else:
+                    cur.execute("BEGIN")
+                    cur.execute("SELECT commit_delayed()")
+                    cur.execute(f"INSERT INTO {table} (k, kind) VALUES (%s, %s) RETURNING xid::text", (key, kind))
+                    xid = cur.fetchone()[0]
+                    cur.execute("COMMIT")
+                # Acknowledged: the commit returned.
+                self.acked.append([key, kind, xid, None])
+                self.in_flight = None
+                cur.execute("SELECT last_commit_receipt()")
+                self.acked[-1][3] = cur.fetchone()[0]
+        except Exception as e:  # the leader died
+            self.error = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+
+
+def failover_round(cluster, number, rng, clients_n, seconds, totals):
+    names = [n for n, _, _ in NODES]
+    old = leader(names)
+    if not old:
+        raise RuntimeError("no leader")
+    wait_for(lambda: streaming_replicas(old) == 2, 120, f"two streaming replicas of {old}")
+    wait_for(lambda: query(old, "SELECT count(*) FROM pg_stat_replication WHERE sync_state = 'sync'")[0][0] == 1,
+             60, "a synchronous standby")
+    clients = [Client(i + 1 + number * 100, old, rng.random()) for i in range(clients_n)]
+    for c in clients:
+        c.start()
+    time.sleep(seconds * (0.5 + rng.random()))
+    saved_before = set(os.listdir(cluster.saved_dir(old)))
+    cluster.kill_node(old)
+    for c in clients:
+        c.join(30)
+    others = [n for n in names if n != old]
+    wait_for(lambda: leader(others) is not None, 120, "a new leader")
+    new = leader(others)
+    # The timeline the new leader writes on, from PostgreSQL (the WAL file name).
+    new_tli = query(new, "SELECT ('x' || substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8))::bit(32)::int")[0][0]
+    wait_for(lambda: query(new, "SELECT count(*) FROM delayed_durability_failovers WHERE new_timeline = %s",
+                           (new_tli,))[0][0] == 1, 60, "the failover row on the new leader")
+    old_tli, = query(new, "SELECT old_timeline FROM delayed_durability_failovers WHERE new_timeline = %s", (new_tli,))[0]
+    check(old_tli == new_tli - 1, f"failover {number}: the new leader recorded the failover from timeline {old_tli}")
+    print(f"# failover {number}: {old} -> {new}, timeline {old_tli} -> {new_tli}", flush=True)
+
+    acked = [a for c in clients for a in c.acked]
+    present = {int(k): xid for k, xid in query(new, "SELECT k, xid::text FROM t UNION ALL SELECT k, xid::text FROM td")}
+    missing = [a for a in acked if a[0] not in present]
+    durable_missing = [a for a in missing if a[1] != "delayed"]
+    check(not durable_missing, f"failover {number}: no acknowledged durable commit is missing",
+          f"{len(durable_missing)} missing, e.g. {durable_missing[:3]}")
+
+    # The old leader comes back: Patroni runs its crash recovery and
+    # pg_rewind, which replaces its delayed_durability/; the crash recovery
+    # saved its record in crash_record_directory first. Nobody copies it.
+    cluster.start_node(old)
+    saved = []
+
+    def record_saved():
+        saved[:] = sorted(n for n in set(os.listdir(cluster.saved_dir(old))) - saved_before if n.endswith(".commits"))
+        return saved
+
+    wait_for(record_saved, 180, f"{old}'s record saved by its crash recovery")
+    check(len(saved) == 1, f"failover {number}: {old}'s crash recovery saved its record once", f"{saved}")
+    copy = f"{cluster.saved_dir(old)}/{saved[-1]}"
+    try:
+        listed_n = query(new, "SELECT delayed_durability_import_failover_record(%s, %s)", (copy, old_tli))[0][0]
+    except psycopg2.Error as e:
+        # A record with no acknowledged commit past the switch point is
+        # refused (it cannot be told from a stale copy): right only when
+        # no acknowledged delayed commit is missing.
+        if "ends before the switch point" not in str(e):
+            raise
+        lost_delayed = [a for a in missing if a[1] == "delayed"]
+        check(not lost_delayed, f"failover {number}: the import refuses a record with nothing past the switch point, "
+              "and no acknowledged delayed commit is missing", f"{len(lost_delayed)} missing")
+        totals["refused_nothing_lost"] += 1
+        listed_n = None
+    listed = query(new, """SELECT l.xid::text, l.commit_lsn::text FROM delayed_durability_lost_commits l
+        JOIN delayed_durability_failovers f ON f.failover_at = l.crash_recovered_at
+        WHERE l.lost_in = 'failover' AND f.new_timeline = %s""", (new_tli,))
+    if listed_n is not None:
+        exact = query(new, "SELECT exact FROM delayed_durability_failovers WHERE new_timeline = %s", (new_tli,))[0][0]
+        check(exact and listed_n == len(listed), f"failover {number}: the import lists {listed_n}, exactly")
+    listed_set = set(listed)
+    listed_xids = {x for x, _ in listed}
+    unlisted = [a for a in missing if a[1] == "delayed" and
+                not (a[3] and (a[2], a[3].split(":")[2]) in listed_set) and not (a[3] is None and a[2] in listed_xids)]
+    check(not unlisted, f"failover {number}: every acknowledged delayed commit that is missing is listed",
+          f"{len(unlisted)} not listed, e.g. {unlisted[:3]}")
+    present_xids = set(present.values())
+    false_reports = [x for x, _ in listed if x in present_xids]
+    check(not false_reports, f"failover {number}: no listed commit is present", f"{false_reports[:5]}")
+    acked_xids = {a[2] for a in acked}
+    never_acked = [x for x, _ in listed if x not in acked_xids]
+    check(len(never_acked) <= clients_n, f"failover {number}: listed but never acknowledged: {len(never_acked)}, "
+          f"at most one in flight per client ({clients_n})")
+
+    receipts = [a for a in acked if a[3]]
+    statuses = dict(query(new, "SELECT r, (receipt_status(r)).status FROM unnest(%s::text[]) AS r",
+                          ([a[3] for a in receipts],)))
+    wrong = [(a[0], a[1], statuses[a[3]]) for a in receipts
+             if statuses[a[3]] != ("durable" if a[0] in present else "lost")]
+    check(not wrong, f"failover {number}: each of {len(receipts)} receipts reads durable when its row is present, "
+          f"lost when not", f"{len(wrong)} wrong, e.g. {wrong[:3]}")
+
+    totals["failovers"] += 1
+    totals["acked_delayed"] += sum(1 for a in acked if a[1] == "delayed")
+    totals["acked_durable"] += sum(1 for a in acked if a[1] != "delayed")
+    totals["lost"] += len(missing)
+    totals["lost_delayed_acked"] += sum(1 for a in missing if a[1] == "delayed")
+    totals["listed"] += len(listed)
+    totals["durable_lost"] += len(durable_missing)
+
+    # The old leader rejoins as a replica.
+    wait_for(lambda: streaming_replicas(new) == 2, 240, f"{old} to rejoin {new}")
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--work", required=True)
+    ap.add_argument("--bindir", required=True)
+    ap.add_argument("--failovers", type=int, default=2)
+    ap.add_argument("--clients", type=int, default=4)
+    ap.add_argument("--seconds", type=float, default=3.0)
+    ap.add_argument("--seed", type=int, default=None)
+    args = ap.parse_args()
+    seed = args.seed if args.seed is not None else random.randrange(2**31)
+    print(f"# seed {seed}", flush=True)
+    rng = random.Random(seed)
+    cluster = Cluster(args.work, args.bindir)
+    totals = dict.fromkeys(["failovers", "acked_delayed", "acked_durable", "lost", "lost_delayed_acked", "listed",
+                            "durable_lost", "refused_nothing_lost"], 0)
+    started = time.time()
+    try:
+        cluster.start_etcd()
+        cluster.start_node("n1")
+        wait_for(lambda: leader(["n1"]) == "n1", 120, "n1 to bootstrap")
+        query("n1", """CREATE EXTENSION delayed_durability;
+            ALTER DATABASE postgres SET delayed_durability.mode = 'allowed';
+            CREATE TABLE t (k bigint PRIMARY KEY, kind text NOT NULL, xid xid8 NOT NULL DEFAULT pg_current_xact_id());
+            CREATE TABLE td (LIKE t INCLUDING ALL);
+            SELECT delayed_durability_set_table_class('td', 'durable');""")
+        cluster.start_node("n2")
+        cluster.start_node("n3")
+        for i in range(1, args.failovers + 1):
+            failover_round(cluster, i, rng, args.clients, args.seconds, totals)
+    except Exception as e:
+        check(False, "the soak ran to its end", str(e))
+    finally:
+        cluster.stop_all()
+    print("# totals: " + json.dumps(totals), flush=True)
+    print(f"# {time.time() - started:.0f} s", flush=True)
+    print(f"ha_torture: {passed} passed, {failed} failed", flush=True)
+    sys.exit(1 if failed or not passed else 0)
+
+
+if __name__ == "__main__":
+    main()
