@@ -125,10 +125,14 @@ sub judge
 		"$round: the failover row is exact");
 }
 
-# ---- round 1: A primary, B its synchronous standby.
+# ---- round 1: A primary, B its synchronous standby. A's WAL writer is
+# stopped: only the durable commits flush. B's report worker samples what
+# it hears from A every second: A dies after it had time to.
 synchronous($node_a, 'fb_b');
+pause_wal_writer($node_a);
 my @tail = commits($node_a, 1, 20, 6);
 my $flushed = lsn_to_int($node_a->safe_psql('postgres', 'SELECT pg_current_wal_flush_lsn()'));
+select(undef, undef, undef, 2.5);
 ok($flushed < receipt_end($tail[0]), 'round 1: the last six delayed commits are not flushed when the primary dies')
   or diag("flushed $flushed, first of the six ends at " . receipt_end($tail[0]));
 kill_everything($node_a);
@@ -151,16 +155,16 @@ my ($rc, $out, $err) = (0, '', '');
 IPC::Run::run([ 'pg_rewind', '--target-pgdata', $node_a->data_dir, '--source-server', $node_b->connstr('postgres') ],
 	'>', \$out, '2>', \$err) or $rc = $?;
 is($rc, 0, 'pg_rewind of the old primary A succeeds') or diag("$out$err");
-like($err, qr/the record of the crashed run \(\d+ acknowledged delayed commits\) is saved in "\Q$saved_dir\E\//,
+like($err, qr/the record of the crashed run \(\d+ entries\) is saved in "\Q$saved_dir\E\//,
 	'its crash recovery saved the record of the crashed run, and logged where');
 opendir(my $dh, $saved_dir) or die $!;
-my @saved = grep { /^delayed_durability-\d+-\d+\.commits$/ } readdir $dh;
+my @saved = grep { /^delayed_durability-\d+-p\d+-\d+-\d+\.commits$/ } readdir $dh;
 closedir $dh;
 is(scalar @saved, 1, 'one saved record, outside the data directory');
 # Before any import, the row says what B last heard of A's flushed WAL:
 # at least the last durable commit (B confirmed it), not the unflushed tail.
 my $detail = $node_b->safe_psql('postgres', 'SELECT detail FROM delayed_durability_failovers WHERE new_timeline = 2');
-my ($heard) = $detail =~ /its WAL flushed up to ([0-9A-F]+\/[0-9A-F]+)/;
+my ($heard) = $detail =~ /had flushed its WAL at least up to ([0-9A-F]+\/[0-9A-F]+)/;
 ok(defined $heard && lsn_to_int($heard) >= receipt_end($receipt{20}) && lsn_to_int($heard) < receipt_end($tail[0]),
 	'without the record, the failover row says how far the old primary had flushed: past the last durable commit, before the delayed tail')
   or diag($detail);
@@ -168,9 +172,16 @@ judge($node_b, 'failover to B', 1, 2, "$saved_dir/$saved[0]", [ 21 .. 26 ], [ 21
 
 # C, a standby of A, now follows B on timeline 2: it notes that timeline
 # (its record of the failover stays on B, the server promoted then).
+for (1 .. 100) { last if noted_timeline($node_c) eq '1'; select(undef, undef, undef, 0.1); }
 die 'the standby C did not note timeline 1 while following A' unless noted_timeline($node_c) eq '1';
 $node_c->enable_streaming($node_b);
+# A crash record directory inside the data directory (which pg_rewind and
+# re-clones empty) is refused at start, not at the crash that needs it.
+mkdir $node_c->data_dir . '/saved_here';
+$node_c->append_conf('postgresql.conf', "delayed_durability.crash_record_directory = '" . $node_c->data_dir . "/saved_here'\n");
 $node_c->restart;
+ok($node_c->log_contains(qr/WARNING:  delayed_durability.crash_record_directory ".*saved_here" is inside the data directory/),
+	'a crash record directory inside the data directory: refused with a WARNING at start');
 $node_b->wait_for_catchup($node_c);
 my $noted = 'none';
 for (1 .. 100)

@@ -1,9 +1,10 @@
 /*
- * What the WAL receiver last heard from the primary: the end of the WAL the
- * primary reported (in its WAL data and keepalive messages: the WAL it had
- * flushed or sent), when, and on which timeline. Read on a standby by the
- * report worker, so that a failover it is promoted in can say what the old
- * primary had flushed when it was last heard of.
+ * What the WAL receiver last heard from the server it streams from: the end
+ * of WAL that server reported (its flush position in WAL data messages, what
+ * it had sent in keepalives: at most what it had flushed), on which
+ * timeline, and whether it streams now. Sampled on a standby by the report
+ * worker while streaming, so that a failover it is promoted in can say how
+ * far that server had at least flushed when last heard from.
  */
 #include "postgres.h"
 
@@ -11,19 +12,19 @@
 #include "storage/spin.h"
 
 bool
-dd_wal_receiver_latest(XLogRecPtr *end, TimestampTz *at, TimeLineID *tli)
+dd_wal_receiver_streaming(XLogRecPtr *end, TimeLineID *tli)
 {
 	WalRcvData *walrcv = WalRcv;
+	bool		streaming;
 
 	*end = InvalidXLogRecPtr;
-	*at = 0;
 	*tli = 0;
 	if (walrcv == NULL)
 		return false;
 	SpinLockAcquire(&walrcv->mutex);
+	streaming = walrcv->walRcvState == WALRCV_STREAMING;
 	*end = walrcv->latestWalEnd;
-	*at = walrcv->latestWalEndTime;
 	*tli = walrcv->receivedTLI;
 	SpinLockRelease(&walrcv->mutex);
-	return *end != InvalidXLogRecPtr && *tli != 0;
+	return streaming && *end != InvalidXLogRecPtr && *tli != 0;
 }

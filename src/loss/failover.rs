@@ -84,7 +84,9 @@ fn write_failovers(f: &Failovers) -> std::io::Result<()> {
     for (id, a) in &f.lost {
         let _ = writeln!(text, "lost\t{id}\t{}\t{}\t{}\t{}", a.fxid, a.datid, a.commit_end, a.ack_time);
     }
-    let tmp = format!("{FAILOVER_FILE}.tmp");
+    // A temporary file of this process: the worker and a backend (the
+    // import, the reset) may write at once; each rename is whole.
+    let tmp = format!("{FAILOVER_FILE}.tmp.{}", std::process::id());
     let mut file = std::fs::File::create(&tmp)?;
     file.write_all(text.as_bytes())?;
     file.sync_all()?;
@@ -129,41 +131,56 @@ pub fn follow_timeline() -> std::io::Result<()> {
 }
 
 extern "C-unwind" {
-    fn dd_wal_receiver_latest(end: *mut u64, at: *mut i64, tli: *mut u32) -> bool;
+    fn dd_wal_receiver_streaming(end: *mut u64, tli: *mut u32) -> bool;
 }
 
-/// What the server this one streamed from last reported of its WAL (its
-/// flushed end, in WAL data and keepalive messages), when, on which
-/// timeline: kept in shared memory after the WAL receiver stopped, until
-/// this server restarts.
-fn last_heard_from_upstream() -> Option<(u64, i64, u32)> {
-    let (mut end, mut at, mut tli) = (0u64, 0i64, 0u32);
+/// In the report worker on a standby: the newest end of WAL the server it
+/// streams from reported, on which timeline, and when this worker saw it
+/// change (the WAL receiver's own time is reset at each reconnection).
+struct Heard(std::cell::Cell<Option<(u64, u32, i64)>>);
+// SAFETY: the worker process runs this code on one thread only.
+unsafe impl Sync for Heard {}
+static HEARD: Heard = Heard(std::cell::Cell::new(None));
+
+/// Called every second while in recovery: samples what the WAL receiver
+/// heard, only while it streams (a reconnection keeps the old position).
+pub fn sample_upstream() {
+    let (mut end, mut tli) = (0u64, 0u32);
     // SAFETY: reads the WAL receiver's shared state under its spinlock; raises nothing.
-    unsafe { dd_wal_receiver_latest(&mut end, &mut at, &mut tli) }.then_some((end, at, tli))
+    if !unsafe { dd_wal_receiver_streaming(&mut end, &mut tli) } {
+        return;
+    }
+    match HEARD.0.get() {
+        Some((e, t, _)) if t == tli && e >= end => {}
+        _ => HEARD.0.set(Some((end, tli, crate::stats::now()))),
+    }
 }
 
-/// What is known without the old primary's record: how far the WAL it
-/// reported flushed went past the switch point (never received here).
-fn heard_detail(end: u64, at: i64, now: i64, switch: u64) -> String {
-    let before = (now - at).max(0) as f64 / 1e6;
+/// What is known without the old primary's record: a lower bound of how
+/// far the server this one streamed from had flushed, against the switch
+/// point.
+fn heard_detail(end: u64, heard_at: i64, now: i64, switch: u64) -> String {
+    let before = (now - heard_at).max(0) as f64 / 1e6;
+    let mut text = format!(
+        "; the server this one streamed from had flushed its WAL at least up to {} (seen about {before:.0} s before \
+the promotion was noted)",
+        lsn_text(end)
+    );
     if end > switch {
-        format!(
-            "; it last reported (about {before:.1} s before the promotion was noted) its WAL flushed up to {}: {} bytes of flushed WAL past the switch point never reached this server, and with them every commit they hold, besides the delayed commits it acknowledged unflushed",
-            lsn_text(end),
+        let _ = write!(
+            text,
+            ": at least {} bytes of WAL flushed there past the switch point never reached this server, and every \
+commit in them is lost, durable ones too",
             end - switch
-        )
-    } else {
-        format!(
-            "; it last reported (about {before:.1} s before the promotion was noted) its WAL flushed up to {}, all of which this server received: what was lost is what it acknowledged past that, unflushed (within its max_loss_bytes when set)",
-            lsn_text(end)
-        )
+        );
     }
+    text
 }
 
 /// In the report worker, once recovery finished: a timeline newer than
 /// the last one this server ran on is a promotion, recorded as a failover.
 pub fn note_timeline() -> std::io::Result<()> {
-    let heard = last_heard_from_upstream();
+    let heard = HEARD.0.get();
     let current = crate::timeline::current();
     let mut failovers = read_failovers();
     if failovers.timeline == Some(current) {
@@ -187,8 +204,8 @@ pub fn note_timeline() -> std::io::Result<()> {
                 switch: *switch,
                 lost: None,
                 detail: match heard {
-                    Some((end, at, tli)) if tli == *old_tli => {
-                        not_imported(*old_tli, new_tli, *switch) + &heard_detail(end, at, now, *switch)
+                    Some((end, tli, heard_at)) if tli == *old_tli => {
+                        not_imported(*old_tli, new_tli, *switch) + &heard_detail(end, heard_at, now, *switch)
                     }
                     _ => not_imported(*old_tli, new_tli, *switch),
                 },

@@ -265,6 +265,7 @@ pub extern "C-unwind" fn delayed_durability_report_main(_arg: pg_sys::Datum) {
     BackgroundWorker::attach_signal_handlers(pgrx::bgworkers::SignalWakeFlags::SIGTERM);
     let mut warned = false;
     while crate::flush::in_recovery() {
+        failover::sample_upstream();
         if let Err(e) = failover::follow_timeline() {
             if !std::mem::replace(&mut warned, true) {
                 pgrx::warning!("delayed_durability: could not note the timeline this standby follows: {e}");

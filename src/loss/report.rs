@@ -251,6 +251,7 @@ fn open(current: Option<Ring>, crash_restart: bool) -> Result<Ring, String> {
     }
     let control = read_control_file()?;
     if !crash_restart {
+        super::saved_record::check_at_start();
         match start_kind() {
             // A copy of another server's directory: what it was about to
             // compare belongs to that server's WAL.
@@ -302,6 +303,7 @@ fn open(current: Option<Ring>, crash_restart: bool) -> Result<Ring, String> {
             None
         }
         Found::Damaged(why, salvaged) => {
+            let salvaged_entries = salvaged.as_ref().map_or(0, |s| s.entries.len() as u64 + s.summary.count);
             if crashed {
                 match salvaged {
                     Some(snapshot) if start_kind() == StartKind::Own && snapshot.system_id == control.system_id => write_or_remember(
@@ -312,6 +314,10 @@ fn open(current: Option<Ring>, crash_restart: bool) -> Result<Ring, String> {
                 }
             }
             pgrx::warning!("delayed_durability: {why}; a new record is started");
+            // A torn record is still what a failover's import can salvage.
+            if crashed && salvaged_entries > 0 && !Path::new("backup_label").exists() {
+                super::saved_record::save(&shown, control.system_id, salvaged_entries);
+            }
             move_aside(&shown);
             None
         }
