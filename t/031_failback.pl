@@ -24,7 +24,8 @@ use DelayedDurabilityTest;
 # crash_record_directory: the start that finds a crashed run's record (here
 # pg_rewind's single-user crash recovery) saves it there, out of pg_rewind's
 # reach.
-my $saved_dir = PostgreSQL::Test::Utils::tempdir('saved_records');
+# (absolute: 18's test framework gives relative paths, which the setting refuses)
+my $saved_dir = File::Spec->rel2abs(PostgreSQL::Test::Utils::tempdir('saved_records'));
 my $node_a = new_dd_node('fb_a', init => { allows_streaming => 1 },
 	conf => "wal_keep_size = 1GB\ndelayed_durability.crash_record_directory = '$saved_dir'\n");
 $node_a->safe_psql('postgres', q{
@@ -177,8 +178,9 @@ die 'the standby C did not note timeline 1 while following A' unless noted_timel
 $node_c->enable_streaming($node_b);
 # A crash record directory inside the data directory (which pg_rewind and
 # re-clones empty) is refused at start, not at the crash that needs it.
-mkdir $node_c->data_dir . '/saved_here';
-$node_c->append_conf('postgresql.conf', "delayed_durability.crash_record_directory = '" . $node_c->data_dir . "/saved_here'\n");
+my $inside = File::Spec->rel2abs($node_c->data_dir . '/saved_here');
+mkdir $inside;
+$node_c->append_conf('postgresql.conf', "delayed_durability.crash_record_directory = '$inside'\n");
 $node_c->restart;
 ok($node_c->log_contains(qr/WARNING:  delayed_durability.crash_record_directory ".*saved_here" is inside the data directory/),
 	'a crash record directory inside the data directory: refused with a WARNING at start');
