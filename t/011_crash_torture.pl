@@ -283,6 +283,15 @@ for my $cycle (1 .. $cycles)
 				my $lsn = lsn_to_int($1);
 				$known_flushed = $lsn if $lsn > $known_flushed;
 			}
+			elsif (/^receipt (\S+) false$/)
+			{
+				# A cached_nextval() that wrote its block's recovery value
+				# (flushed) committed after it, delayed in a forced database:
+				# a commit the crash report may rightly list. (When the call
+				# wrote nothing, the receipt is the previous commit's, known
+				# already.)
+				$receipts{ lsn_to_int($1) } //= "$db/$client/seq";
+			}
 			elsif (/^ack delayed (\d+) (\S+) (\S+) (true|false)$/)
 			{
 				push @cycle_delayed, [ "$db/$client/$1", lsn_to_int($2), lsn_to_int($3) ];
