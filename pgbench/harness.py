@@ -66,6 +66,7 @@ class Cluster:
         with open(os.path.join(self.data, "postgresql.conf"), "a") as f:
             f.write(extra + conf + "\n")
         self.start()
+        self.version_num = int(self.value("SHOW server_version_num"))
 
     def start(self):
         as_postgres(["env"] + self.server_env + [f"{PGBIN}/pg_ctl", "-D", self.data, "-l", os.path.join(self.dir, "log"), "-w", "start"],
@@ -121,33 +122,65 @@ class Cluster:
         return tps, processed
 
 
-# Measures one piece of work: server clock around it only, and WAL fsyncs as
-# the delta of PostgreSQL's WAL fsync count (pg_stat_wal.wal_sync, pg_stat_io
-# from 18, read by delayed_durability_wal_fsyncs()). Statistics are forced out before reading
-# (backends publish them when idle, pg_stat_force_next_flush() makes the next
-# idle moment publish at once), and all in one session so the working
-# backend's own fsyncs are counted.
+# Measures one piece of work: server clock around it only, and PostgreSQL's
+# own WAL counters as deltas: fsyncs (pg_stat_wal.wal_sync, pg_stat_io from
+# 18, read by delayed_durability_wal_fsyncs()), writes (pg_stat_wal.wal_write;
+# pg_stat_io's writes of object 'wal' from 18), records and bytes
+# (pg_stat_wal.wal_records, wal_bytes). SQL Server's Log Flushes/sec counts
+# log-block writes (each one write-through), so the writes are the figure to
+# set beside the articles' flush counts; the fsyncs are what a commit waits
+# for. Statistics are forced out before reading (backends publish them when
+# idle, pg_stat_force_next_flush() makes the next idle moment publish at
+# once), and all in one session so the working backend's own I/O is counted.
 MEASURE_TEMPLATE = """
 {setup}
 SELECT pg_stat_force_next_flush();
-SELECT delayed_durability_wal_fsyncs() AS s0 \\gset
+SELECT {counters} AS c0 \\gset
 SELECT clock_timestamp() AS t0 \\gset
 {work}
 SELECT extract(epoch FROM clock_timestamp() - :'t0') AS secs \\gset
 SELECT pg_stat_force_next_flush();
-SELECT 'result ' || :secs || ' ' || (delayed_durability_wal_fsyncs() - :s0);
+SELECT 'result ' || :secs || ' ' || {counters};
+SELECT 'before ' || :'c0';
 """
+# The counters in the order measure_wal() reports them.
+WAL_COUNTERS = ("fsyncs", "writes", "records", "bytes")
+
+
+def wal_counters_sql(cluster):
+    """One SQL expression giving 'fsyncs writes records bytes'."""
+    writes = ("(SELECT sum(writes)::bigint FROM pg_catalog.pg_stat_io WHERE object = 'wal' AND context = 'normal')"
+              if cluster.version_num >= 180000 else "(SELECT wal_write FROM pg_catalog.pg_stat_wal)")
+    return (f"concat_ws(' ', delayed_durability_wal_fsyncs(), {writes}, "
+            "(SELECT wal_records FROM pg_catalog.pg_stat_wal), (SELECT wal_bytes::bigint FROM pg_catalog.pg_stat_wal))")
+
+
+def measure_wal(cluster, work, setup="", db="postgres"):
+    """Returns dict(seconds=..., fsyncs=..., writes=..., records=..., bytes=...)
+    for the SQL in `work` (counts are deltas)."""
+    out = cluster.psql(MEASURE_TEMPLATE.format(setup=setup, work=work, counters=wal_counters_sql(cluster)), db)
+    result = out[-2].split()
+    before = out[-1].split()[1:]
+    after = result[2:]
+    r = dict(seconds=float(result[1]))
+    for name, a, b in zip(WAL_COUNTERS, after, before):
+        r[name] = int(a) - int(b)
+    return r
 
 
 def measure(cluster, work, setup="", db="postgres"):
     """Returns (seconds, wal_fsyncs) for the SQL in `work`."""
-    out = cluster.psql(MEASURE_TEMPLATE.format(setup=setup, work=work), db)
-    _, secs, syncs = out[-1].split()
-    return float(secs), int(syncs)
+    r = measure_wal(cluster, work, setup, db)
+    return r["seconds"], r["fsyncs"]
 
 
 def wal_sync_total(cluster):
     return int(cluster.value("SELECT pg_stat_force_next_flush();\nSELECT delayed_durability_wal_fsyncs();"))
+
+
+def wal_write_total(cluster):
+    """PostgreSQL's count of WAL writes (see MEASURE_TEMPLATE)."""
+    return int(cluster.value("SELECT pg_stat_force_next_flush();\nSELECT " + wal_counters_sql(cluster)).split()[1])
 
 
 class Progress:

@@ -74,17 +74,26 @@ def draw_chart(result, path):
         a1.invert_yaxis()
         a1.set_xlabel("seconds (server clock)")
         a1.set_title("duration")
-        a2.barh(ys, [max(r["flushes"], 0.5) for r in rows], color="#cc6677", label="ours")
+        # The article's log flushes are log-block writes (write-through):
+        # beside them, our WAL writes as well as our WAL fsyncs.
+        with_writes = all(is_number(r.get("wal_writes")) for r in rows)
+        h = 0.4 if with_writes else 0.8
+        a2.barh([y - (h / 2 if with_writes else 0) for y in ys], [max(r["flushes"], 0.5) for r in rows],
+                height=h, color="#cc6677", label="ours: WAL fsyncs")
+        if with_writes:
+            a2.barh([y + h / 2 for y in ys], [max(r["wal_writes"], 0.5) for r in rows], height=h,
+                    color="#88ccee", label="ours: WAL writes")
         art = [(y, r["article_flushes"]) for y, r in zip(ys, rows) if is_number(r.get("article_flushes"))]
         if art:
             a2.scatter([max(v, 0.5) for _, v in art], [y for y, _ in art], marker="D", color="#ddaa33",
-                       zorder=3, label="article")
+                       zorder=3, label="article: log flushes (log-block writes)")
+        if art or with_writes:
             a2.legend(fontsize=8)
         a2.set_yticks(list(ys), [""] * len(rows))
         a2.invert_yaxis()
         a2.set_xscale("log")
-        a2.set_xlabel("WAL flushes (log scale)")
-        a2.set_title("log flushes")
+        a2.set_xlabel("count (log scale)")
+        a2.set_title("log flushes: WAL fsyncs and writes")
         if with_article:
             draw_normalised_times(axes[2], rows)
         fig.suptitle(result["title"])
@@ -96,7 +105,10 @@ def draw_chart(result, path):
 
 def markdown_table(result):
     cols = result["columns"]
-    lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+    # A column's header may say more than its key (e.g. which of ours an
+    # article figure corresponds to).
+    headers = [result.get("headers", {}).get(c, c) for c in cols]
+    lines = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(cols)]
     for r in result["rows"]:
         cells = []
         for col in cols:
