@@ -30,16 +30,17 @@ from exp_loss_budget import exp7_loss_budget  # noqa: E402
 SCALES = {
     # rows for exp 1, rows for exp 2, values for exp 3, (interleaved pairs,
     # pgbench seconds) of exp 3's throughput comparison, (clients,
-    # iterations, rows per iteration) for exp 4, pgbench seconds for exp 5,
+    # iterations, committed rows per iteration) for exp 4's second case,
+    # rows of each iteration's one transaction in its primary case, pgbench seconds for exp 5,
     # rounds of exp 5's interleaved loop runs, rows for exp 6, (rounds,
     # seconds of the server loop, pgbench seconds) per variant and round for
     # exp 7. "full" is the articles' sizes (exp 1: 100,000 rows; exps 2, 3:
     # 1,000,000; exp 4: 5 clients x 200 iterations, as SQLQueryStress ran).
-    "tiny": dict(e1=300, e2=1000, e3=1000, e3_pairs=(2, 1), e4=(5, 4, 20), e5=2, e5_rounds=1, e6=2000,
+    "tiny": dict(e1=300, e2=1000, e3=1000, e3_pairs=(2, 1), e4=(5, 4, 20), e4_article_rows=50, e5=2, e5_rounds=1, e6=2000,
                  e7=(1, 0.2, 1)),
-    "quick": dict(e1=100000, e2=200000, e3=200000, e3_pairs=(6, 2), e4=(5, 100, 100), e5=5, e5_rounds=3,
+    "quick": dict(e1=100000, e2=200000, e3=200000, e3_pairs=(6, 2), e4=(5, 100, 100), e4_article_rows=1000, e5=5, e5_rounds=3,
                   e6=300000, e7=(6, 0.5, 1)),
-    "full": dict(e1=100000, e2=1000000, e3=1000000, e3_pairs=(12, 5), e4=(5, 200, 100), e5=30, e5_rounds=3,
+    "full": dict(e1=100000, e2=1000000, e3=1000000, e3_pairs=(12, 5), e4=(5, 200, 100), e4_article_rows=1000, e5=30, e5_rounds=3,
                  e6=3000000, e7=(15, 5, 10)),
 }
 

@@ -64,6 +64,15 @@ cmp_ok($e2{"permanent/durable/$n"}{flushes}, '>=', $n, 'exp 2: durable per-row f
 cmp_ok($e2{"permanent/delayed/$n"}{flushes}, '<', $n / 4, 'exp 2: delayed per-row flushes far fewer');
 cmp_ok($e2{"temporary/durable/$n"}{flushes}, '<', $n / 4, 'exp 2: temporary table commits do not flush per row');
 cmp_ok($e2{'permanent/durable/1'}{flushes}, '<=', 5, 'exp 2: one big transaction, a handful of flushes');
+# Like for like with the article: WAL writes beside fsyncs, log records per
+# transaction, the durability set per database.
+cmp_ok($e2{"permanent/durable/$n"}{wal_writes}, '>=', $n, 'exp 2: durable per-row, a WAL write per commit');
+cmp_ok($e2{"permanent/delayed/$n"}{wal_writes}, '>=', $e2{"permanent/delayed/$n"}{flushes},
+	'exp 2: delayed, WAL writes at least the fsyncs');
+cmp_ok($e2{"permanent/durable/$n"}{wal_records_per_row}, '>=', 2, 'exp 2: at least an insert and a commit record per transaction');
+cmp_ok($e2{"permanent/durable/$n"}{wal_records_per_row}, '<', 3, 'exp 2: no begin record (fewer than the article\'s 3)');
+is(join(',', map { $e2{"permanent/$_/$n"}{database_mode} } qw(durable delayed)), 'disabled,forced',
+	'exp 2: durability set per database (ALTER DATABASE)');
 
 # Experiment 3: one flush per CACHE values for cached_nextval, none for temp.
 my %e3 = map { ("$_->{durability}/$_->{sequence}/$_->{cache}/$_->{function}" => $_) } @{ $r{3}{rows} };
@@ -88,18 +97,31 @@ like($report, qr/cached_nextval \/ nextval throughput, .+: [\d.]+x, 95% interval
 my ($interval) = `/usr/bin/python3 -c "import sys; sys.path.insert(0, '$work/pgbench'); import paired; print(paired.median_interval(list(range(12, 0, -1))), paired.median_interval([1, 2, 3, 4, 5]), round(paired.coverage(12), 4))"`;
 is($interval, "(6.5, 3, 10) (3, None, None) 0.9614\n", 'median interval from order statistics');
 
-# Experiment 4: durable commits flush (group commit may share), delayed far fewer.
-my ($durable4, $delayed4, $forced4) = @{ $r{4}{rows} };
+# Experiment 4, both cases: the article's reading (one transaction per
+# iteration) first, our many-small-commits case second, each with the three
+# variants in order.
+my @e4 = @{ $r{4}{rows} };
+is(scalar(@e4), 6, 'exp 4: two cases of three variants');
+is(join(',', map { $_->{database_mode} } @e4), 'disabled,allowed,forced,disabled,allowed,forced',
+	"exp 4: the article's delayed run (ALLOWED, per-commit opt-in) first, FORCED second, in both cases");
+like($e4[0]{case}, qr/article's reading/, "exp 4: the article's reading is the primary case");
+# Many small commits: durable ones flush (group commit may share), delayed far fewer.
+my ($durable4, $delayed4) = @e4[ 3, 4 ];
 cmp_ok($durable4->{flushes}, '>', $delayed4->{flushes}, 'exp 4: durable run flushes more than the delayed one');
-is(join(',', map { $_->{database_mode} } ($durable4, $delayed4, $forced4)), 'disabled,allowed,forced',
-	"exp 4: the article's delayed run (ALLOWED, per-commit opt-in) first, FORCED second");
+# Like for like with SQL Server's log flushes: WAL writes counted, at least
+# one per durable commit's fsync.
+cmp_ok($durable4->{wal_writes}, '>=', $durable4->{flushes}, 'exp 4: WAL writes counted, at least one per fsync');
+# One transaction per iteration: a commit per iteration, each writing many rows.
+cmp_ok($e4[0]{commits}, '<', $e4[3]{commits} / 2, "exp 4: the article's reading commits once per iteration");
+cmp_ok($e4[0]{rows_per_commit}, '>', 1, "exp 4: the article's reading commits many rows at once");
 # The article's Process Monitor view: durable commits write WAL about once
 # each (group commit shares some), delayed ones far less often.
-my $writes = $r{4}{wal_writes};
+my $writes = $r{4}{second_case}{wal_writes};
 ok($writes && $writes->{durable}, 'exp 4: WAL writes traced (strace)')
 	or diag(join("\n", @{ $r{4}{notes} }));
 cmp_ok($writes->{durable}{writes_per_commit}, '>', 2 * $writes->{$delayed4->{variant}}{writes_per_commit},
 	'exp 4: durable commits write WAL far more often than delayed ones');
+ok($r{4}{wal_writes} && $r{4}{wal_writes}{durable}, "exp 4: WAL writes traced in the article's reading too");
 like($report, qr/### Wait events of the pgbench backends/, 'exp 4: wait events table');
 
 # Experiment 6: same WAL volume, more segments with 1 MB segments.
