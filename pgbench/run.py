@@ -26,6 +26,7 @@ from exp4_concurrent import exp4_concurrent  # noqa: E402
 from exp5_wal_buffer import exp5_pmem  # noqa: E402
 from exp6_segments import exp6_segments  # noqa: E402
 from exp_loss_budget import exp7_loss_budget  # noqa: E402
+from exp8_crash_loss import exp8_crash_loss  # noqa: E402
 
 SCALES = {
     # rows for exp 1, rows for exp 2, values for exp 3, (interleaved pairs,
@@ -34,21 +35,21 @@ SCALES = {
     # rows of each iteration's one transaction in its primary case, pgbench seconds for exp 5,
     # rounds of exp 5's interleaved loop runs, rows for exp 6, (rounds,
     # seconds of the server loop, pgbench seconds) per variant and round for
-    # exp 7. "full" is the articles' sizes (exp 1: 100,000 rows; exps 2, 3:
+    # exp 7, seconds into the loop of each power cut of exp 8. "full" is the articles' sizes (exp 1: 100,000 rows; exps 2, 3:
     # 1,000,000; exp 4: 5 clients x 200 iterations, as SQLQueryStress ran).
     "tiny": dict(e1=300, e2=1000, e3=1000, e3_pairs=(2, 1), e4=(5, 4, 20), e4_article_rows=50, e5=2, e5_rounds=1, e6=2000,
-                 e7=(1, 0.2, 1)),
+                 e7=(1, 0.2, 1), e8=(1.0,)),
     "quick": dict(e1=100000, e2=200000, e3=200000, e3_pairs=(6, 2), e4=(5, 100, 100), e4_article_rows=1000, e5=5, e5_rounds=3,
-                  e6=300000, e7=(6, 0.5, 1)),
+                  e6=300000, e7=(6, 0.5, 1), e8=(0.5, 1.0, 2.0)),
     "full": dict(e1=100000, e2=1000000, e3=1000000, e3_pairs=(12, 5), e4=(5, 200, 100), e4_article_rows=1000, e5=30, e5_rounds=3,
-                 e6=3000000, e7=(15, 5, 10)),
+                 e6=3000000, e7=(15, 5, 10), e8=(0.5, 1.0, 1.5, 2.0, 3.0)),
 }
 
 
 EXPERIMENTS = [
     ("1", exp1_loop), ("2", exp2_small_big), ("3", exp3_sequences),
     ("4", exp4_concurrent), ("5", exp5_pmem), ("6", exp6_segments),
-    ("7", exp7_loss_budget),
+    ("7", exp7_loss_budget), ("8", exp8_crash_loss),
 ]
 
 

@@ -136,4 +136,17 @@ for my $step ('insert', 'update', 'delete')
 		"exp 6 $step: segments created and recycled counted");
 }
 
+# Experiment 8: power cuts of the delayed loop. A cut never keeps more than
+# was acknowledged, and with max_loss_bytes = 64kB it loses at most the
+# budget (plus the last commit's records and the page they end in).
+my @e8 = @{ $r{8}{rows} };
+ok(scalar(@e8) >= 2, 'exp 8: cuts with and without the budget');
+for my $cut (@e8)
+{
+	cmp_ok($cut->{survived}, '<=', $cut->{acknowledged}, "exp 8 $cut->{variant}: survived <= acknowledged");
+	next unless $cut->{variant} =~ /max_loss_bytes = 64kB/;
+	cmp_ok($cut->{survived}, '>', 0, "exp 8: with the budget, commits flushed before the cut survived");
+	cmp_ok($cut->{lost_wal_kb}, '<=', 72, "exp 8: with max_loss_bytes = 64kB at most 64 kB of WAL lost ($cut->{lost_wal_kb})");
+}
+
 done_testing();
