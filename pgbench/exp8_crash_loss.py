@@ -27,7 +27,7 @@ import subprocess
 import tempfile
 import time
 
-from harness import SETUP_SQL, Cluster, Unavailable, has_function
+from harness import PGBIN, SETUP_SQL, Cluster, Unavailable, has_function, postgres_command
 from exp1_loop import SETUP as EXP1_SETUP
 
 DB = "my_dd_crash"
@@ -159,12 +159,11 @@ def one_cut(cl, settings, maxcnt, after, tmp):
     with open(notices, "w") as nf:
         # Separate -c options: each its own statement, so the DO block runs
         # outside a transaction block and its procedure may commit.
-        args = ["runuser", "-u", "postgres", "--", f"{cl.pgbin}/psql", "-XAtq", "-h", cl.dir, "-p", str(cl.port),
-                "-d", DB]
+        args = [f"{PGBIN}/psql", "-XAtq", "-h", cl.dir, "-p", str(cl.port), "-d", DB]
         if settings:
             args += ["-c", settings]
-        client = subprocess.Popen(args + ["-c", LOOP.format(maxcnt=maxcnt)],
-            stdout=subprocess.DEVNULL, stderr=nf)
+        args, env = postgres_command(args + ["-c", LOOP.format(maxcnt=maxcnt)])
+        client = subprocess.Popen(args, env=env, stdout=subprocess.DEVNULL, stderr=nf)
         time.sleep(after)
         kill_server(cl)
         client.wait(timeout=60)
@@ -198,7 +197,6 @@ def exp8_crash_loss(c, scale, log):
         raise Unavailable("needs the extension")
     cuts = scale["e8"]
     cl = Cluster("crash", c.port + 30)
-    cl.pgbin = os.environ.get("PGBIN", "/usr/lib/postgresql/15/bin")
     tmp = tempfile.mkdtemp(prefix="dd-exp8-")
     rows = []
     try:

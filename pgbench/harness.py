@@ -36,10 +36,18 @@ max_prepared_transactions = 10
 """
 
 
-def as_postgres(args, **kw):
-    env = {k: v for k, v in os.environ.items() if not k.startswith("RUST_")}
+def postgres_command(args):
+    """(args, env) to run a command as the postgres user. PGAPPNAME is
+    dropped: the experiments find their sessions by application_name (the
+    TAP framework sets PGAPPNAME to the test's name)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RUST_") and k != "PGAPPNAME"}
     if os.geteuid() == 0:
         args = ["runuser", "-u", "postgres", "--"] + list(args)
+    return list(args), env
+
+
+def as_postgres(args, **kw):
+    args, env = postgres_command(args)
     return subprocess.run(args, env=env, **kw)
 
 
