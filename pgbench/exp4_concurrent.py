@@ -183,7 +183,11 @@ def run_case(c, case, script, clients, iterations, rows_per, commits_per_iterati
         before = wal_sync_total(c)
         writes_before = wal_write_total(c)
         wait_out = {}
-        waiter = threading.Thread(target=sample_wait_events, args=(c, wait_out), daemon=True)
+        # The sampler gives up 10 s after its start if it sees no pgbench
+        # backend, before the join's timeout, so that it never counts the
+        # next variant's backends.
+        waiter = threading.Thread(target=sample_wait_events, args=(c, wait_out), kwargs=dict(start_timeout=10),
+                                  daemon=True)
         waiter.start()
         time.sleep(0.3)  # the sampler is connected and polling
         stop, samples = threading.Event(), []
@@ -198,7 +202,7 @@ def run_case(c, case, script, clients, iterations, rows_per, commits_per_iterati
         finally:
             stop.set()
             sampler.join()
-        waiter.join(timeout=30)
+        waiter.join(timeout=60)
         waits[label] = wait_out
         after = wal_sync_total(c)
         writes = wal_write_total(c) - writes_before

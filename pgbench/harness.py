@@ -159,8 +159,10 @@ def wal_counters_sql(cluster):
     """One SQL expression giving 'fsyncs writes records bytes'."""
     writes = ("(SELECT sum(writes)::bigint FROM pg_catalog.pg_stat_io WHERE object = 'wal' AND context = 'normal')"
               if cluster.version_num >= 180000 else "(SELECT wal_write FROM pg_catalog.pg_stat_wal)")
-    return (f"concat_ws(' ', delayed_durability_wal_fsyncs(), {writes}, "
-            "(SELECT wal_records FROM pg_catalog.pg_stat_wal), (SELECT wal_bytes::bigint FROM pg_catalog.pg_stat_wal))")
+    # coalesce: a NULL would silently shift the fields that follow it.
+    return (f"concat_ws(' ', coalesce(delayed_durability_wal_fsyncs(), 0), coalesce({writes}, 0), "
+            "coalesce((SELECT wal_records FROM pg_catalog.pg_stat_wal), 0), "
+            "coalesce((SELECT wal_bytes::bigint FROM pg_catalog.pg_stat_wal), 0))")
 
 
 def measure_wal(cluster, work, setup="", db="postgres"):

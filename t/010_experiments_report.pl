@@ -136,17 +136,24 @@ for my $step ('insert', 'update', 'delete')
 		"exp 6 $step: segments created and recycled counted");
 }
 
-# Experiment 8: power cuts of the delayed loop. A cut never keeps more than
-# was acknowledged, and with max_loss_bytes = 64kB it loses at most the
-# budget (plus the last commit's records and the page they end in).
-my @e8 = @{ $r{8}{rows} };
-ok(scalar(@e8) >= 2, 'exp 8: cuts with and without the budget');
+# Experiment 8: power cuts of the delayed loop. The simulation traced WAL
+# writes and syncs and zeroed what was not synced; a cut keeps at most one
+# commit more than was acknowledged (the kill can fall between a commit's
+# flush and its NOTICE); with max_loss_bytes = 64kB it loses at most the
+# budget, plus the last commit's records and the one 8 KB page a cut may
+# zero beyond what was really lost.
+my @e8 = @{ $r{8}{rows} // [] };
+ok(scalar(@e8) >= 2, 'exp 8: cuts with and without the budget')
+	or diag($report =~ /(## Experiment 8: not available\n\n.*)/ ? $1 : 'no rows');
 for my $cut (@e8)
 {
-	cmp_ok($cut->{survived}, '<=', $cut->{acknowledged}, "exp 8 $cut->{variant}: survived <= acknowledged");
+	cmp_ok($cut->{traced_writes}, '>', 0, "exp 8 $cut->{variant}: WAL writes traced");
+	cmp_ok($cut->{traced_syncs}, '>', 0, "exp 8 $cut->{variant}: WAL syncs traced");
+	cmp_ok($cut->{survived}, '<=', $cut->{acknowledged} + 1, "exp 8 $cut->{variant}: survived <= acknowledged + 1");
+	like($cut->{lost_wal_kb}, qr/^[\d.]+$/, "exp 8 $cut->{variant}: lost WAL measured");
 	next unless $cut->{variant} =~ /max_loss_bytes = 64kB/;
 	cmp_ok($cut->{survived}, '>', 0, "exp 8: with the budget, commits flushed before the cut survived");
-	cmp_ok($cut->{lost_wal_kb}, '<=', 72, "exp 8: with max_loss_bytes = 64kB at most 64 kB of WAL lost ($cut->{lost_wal_kb})");
+	cmp_ok($cut->{lost_wal_kb}, '<=', 80, "exp 8: with max_loss_bytes = 64kB at most 64 kB (+ a page) of WAL lost ($cut->{lost_wal_kb})");
 }
 
 done_testing();
