@@ -51,13 +51,13 @@ def figures(results):
     e4 = results.get("4", {}).get("rows", [])
     # Since experiment 4 has two cases, the many-small-commits case is the
     # one comparable with earlier runs (which had only that one).
-    small_commits = [r for r in e4 if r.get("case", "ours").startswith("ours")]
+    small_commits = [r for r in e4 if (r.get("case") or "ours").startswith("ours")]
     durable4, delayed4 = (small_commits + [None, None])[:2]
     if durable4 and delayed4:
         out.append(("4. 5 clients, 50,000 durable commits: WAL fsyncs (group commit)", str(durable4["flushes"])))
         out.append(("4. durable / delayed time (many small commits)",
                     f"{durable4['seconds'] / max(delayed4['seconds'], 1e-9):.1f}x"))
-    article4 = [r for r in e4 if r.get("case", "").startswith("article")]
+    article4 = [r for r in e4 if (r.get("case") or "").startswith("article")]
     if len(article4) >= 2:
         out.append(("4. durable / delayed time (the article's reading: one transaction per iteration)",
                     f"{article4[0]['seconds'] / max(article4[1]['seconds'], 1e-9):.2f}x"))

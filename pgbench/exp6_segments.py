@@ -27,7 +27,7 @@ import re
 import threading
 import time
 
-from harness import SETUP_SQL, Cluster, measure
+from harness import SETUP_SQL, Cluster, measure_wal
 from wait_events import WAL_WAITS, sample_wait_events
 
 # The working session's application_name, for the wait-event sampler.
@@ -137,7 +137,7 @@ def run_step(cl, segsize, step, parts, n, before_checkpoint=""):
     names0 = wal_names(cl)
     ckpts0 = len(_checkpoints_logged(cl))
     pos0 = wal_pos(cl)
-    secs, syncs, part_secs = 0.0, 0, []
+    secs, syncs, writes, part_secs = 0.0, 0, 0, []
     # The wait events of the working backend (the VLF article's comments
     # name LOGWRITE as the top wait of its large transactions).
     waits = {}
@@ -146,9 +146,11 @@ def run_step(cl, segsize, step, parts, n, before_checkpoint=""):
     sampler.start()
     time.sleep(0.3)  # the sampler is connected and polling
     for label, sql in parts:
-        s, f = measure(cl, sql, setup=f"SET application_name = '{WORK_APP}';")
+        m = measure_wal(cl, sql, setup=f"SET application_name = '{WORK_APP}';")
+        s, f = m["seconds"], m["fsyncs"]
         secs += s
         syncs += f
+        writes += m["writes"]
         part_secs.append((label, s, f))
     sampler.join(timeout=60)
     pos1 = wal_pos(cl)
@@ -162,7 +164,7 @@ def run_step(cl, segsize, step, parts, n, before_checkpoint=""):
     entered = pos1 // seg_bytes - pos0 // seg_bytes  # segments the step moved into
     row = dict(step=step, wal_segment_mb=segsize, rows=n, seconds=secs,
                article_seconds=ARTICLE[step][0 if segsize == 64 else 1] if step in ARTICLE else "",
-               flushes=syncs, wal_mb=round(wal / 1048576, 1), segments_filled=round(wal / seg_bytes, 1),
+               flushes=syncs, wal_writes=writes, wal_mb=round(wal / 1048576, 1), segments_filled=round(wal / seg_bytes, 1),
                segments_created=created, segments_reused=max(entered - created, 0),
                segments_recycled=ck[3] if ck else "", segments_removed=ck[2] if ck else "",
                wal_files=int(cl.value(f"SELECT count(*) FROM pg_ls_waldir() WHERE name ~ {SEG_RE};")))
@@ -282,7 +284,7 @@ def exp6_segments(c, scale, log):
         r.pop("_checkpoints_during")
         r.pop("_ckpt_added")
     return dict(title="6. WAL segment size (the VLF article's analogue)",
-                columns=["step", "wal_segment_mb", "rows", "seconds", "article_seconds", "flushes", "wal_mb",
+                columns=["step", "wal_segment_mb", "rows", "seconds", "article_seconds", "flushes", "wal_writes", "wal_mb",
                          "segments_filled", "segments_created", "segments_reused", "segments_recycled",
                          "segments_removed", "wal_files", "wal_wait_share"],
                 rows=rows, notes=notes, chart=("module", "exp6_segments"),

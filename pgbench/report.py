@@ -156,7 +156,11 @@ def write_report(out, scale_name, scale, results, skipped, elapsed, server_versi
                "for the articles' full sizes, so compare ratios, not absolute values. "
                "`python3 pgbench/run.py --scale full` runs the articles' sizes.", ""]
     for exp_id, res in results:
-        md += [f"## {res['title']}", "", markdown_table(res), ""]
+        md += [f"## {res['title']}", ""]
+        if exp_id in kept or res.get("machine"):
+            md += [f"Run on: {res['machine']}." if res.get("machine") else
+                   "Kept from an earlier run, whose machine was not recorded.", ""]
+        md += [markdown_table(res), ""]
         for title, cols, rows in res.get("extra_tables", []):
             md += [f"### {title}", "", markdown_table(dict(columns=cols, rows=rows)), ""]
         md += [f"- {n}" for n in res.get("notes", [])]

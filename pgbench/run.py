@@ -18,7 +18,7 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from harness import HERE, SETUP_SQL, Cluster, Progress, Unavailable  # noqa: E402
 import harness  # noqa: E402
-from report import draw_chart, markdown_table, write_report  # noqa: E402
+from report import draw_chart, machine_description, markdown_table, write_report  # noqa: E402
 from exp1_loop import exp1_loop  # noqa: E402
 from exp2_small_big import exp2_small_big  # noqa: E402
 from exp3_sequences import exp3_sequences  # noqa: E402
@@ -107,6 +107,9 @@ def main():
                 log(f"exp {exp_id}: not available: {e}")
                 skipped.append((exp_id, str(e)))
                 continue
+            # Each experiment names its machine: --keep can gather runs of
+            # several hosts into one report.
+            res["machine"] = machine_description()
             chart = f"experiment{exp_id}.png"
             if draw_chart(res, os.path.join(args.out, chart)):
                 res["chart_file"] = chart
