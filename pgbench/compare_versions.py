@@ -72,6 +72,14 @@ def figures(results):
         r = row(e6, step=step, wal_segment_mb=64)
         if r:
             out.append((f"6. WAL written by the 300,000-row {step} (MB)", str(r["wal_mb"])))
+    e8 = results.get("8", {}).get("rows", [])
+    worst = {}
+    for r in e8:
+        if isinstance(r.get("lost_wal_kb"), (int, float)):
+            worst[r["variant"]] = max(worst.get(r["variant"], 0), r["lost_wal_kb"])
+    if len(worst) >= 2:
+        out.append(("8. power cuts: most WAL lost, default settings / max_loss_bytes = 64kB (KB)",
+                    " / ".join(f"{v:g}" for v in worst.values())))
     return out
 
 
