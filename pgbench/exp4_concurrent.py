@@ -405,7 +405,7 @@ def draw_chart(result, path):
         a_rate.grid(alpha=0.3, which="both")
     else:
         missing(a_rate, "no flush-rate samples")
-    a_rate.set_title(f"Log Flushes/sec (WAL fsyncs, sampled once a second), {ARTICLE_CASE}", fontsize=9)
+    a_rate.set_title("Log Flushes/sec (WAL fsyncs, once a second); one transaction per iteration", fontsize=9)
 
     # WAL write sizes.
     wal = result.get("wal_writes") or {}
@@ -429,7 +429,7 @@ def draw_chart(result, path):
         why = next((n for n in result.get("notes", []) if n.startswith("WAL write sizes were not measured")),
                    "WAL write sizes were not measured")
         missing(a_size, why)
-    a_size.set_title(f"WAL write sizes under strace (Process Monitor view), {ARTICLE_CASE}", fontsize=9)
+    a_size.set_title("WAL write sizes under strace (Process Monitor); one transaction per iteration", fontsize=9)
 
     # Wait events: the top ones of every run, as shares of its samples.
     waits = {k: v for k, v in (result.get("wait_events") or {}).items() if v.get("counts")}
@@ -458,7 +458,7 @@ def draw_chart(result, path):
         a_wait.grid(alpha=0.3, axis="x")
     else:
         missing(a_wait, "no wait-event samples")
-    a_wait.set_title(f"Wait events of the pgbench backends (10 ms), {ARTICLE_CASE}", fontsize=9)
+    a_wait.set_title("Wait events of the pgbench backends (10 ms); one transaction per iteration", fontsize=9)
 
     # Durable / delayed time: ours beside the article's, per case.
     by_case = {}
