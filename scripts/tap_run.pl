@@ -12,7 +12,31 @@ use TAP::Harness;
 
 my @files = @ARGV or die "usage: $0 t/file.pl ...\n";
 my %allowed = map { $_ => 1 } split ' ', ($ENV{TAP_ALLOW_SKIP} // '');
-my $harness = TAP::Harness->new({ verbosity => 1, color => 0, failures => 1 });
+# merge: stderr joins the stream, so that a file's dying words can be kept.
+my $harness = TAP::Harness->new({ verbosity => 1, color => 0, failures => 1, merge => 1 });
+# Each failed test's number and name, and the last lines a file printed
+# outside TAP (how it died), to repeat them in the last lines of the run
+# (CI shows only the tail of a long log).
+my (%failed_tests, %last_words);
+$harness->callback(
+	made_parser => sub {
+		my ($parser, $job) = @_;
+		my $file = $job->[0];
+		$parser->callback(
+			test => sub {
+				my $result = shift;
+				push @{ $failed_tests{$file} }, $result->number . ' ' . ($result->description // '')
+				  if !$result->is_ok;
+			});
+		$parser->callback(
+			unknown => sub {
+				my $line = shift->as_string;
+				return if $line =~ /^\s*$/;
+				my $kept = $last_words{$file} //= [];
+				push @$kept, $line;
+				shift @$kept while @$kept > 3;
+			});
+	});
 my $agg = $harness->runtests(@files);
 
 my ($passed, $failed, $skipped, $todo) = (0, 0, 0, 0);
@@ -33,6 +57,9 @@ for my $file ($agg->descriptions)
 	push @why, 'exit status ' . $parser->exit if $parser->exit;
 	push @why, 'killed (wait status ' . $parser->wait . ')' if $parser->wait && !$parser->exit;
 	push @why, 'parse errors: ' . join('; ', $parser->parse_errors) if $parser->parse_errors;
+	push @why, "not ok $_" for @{ $failed_tests{$file} // [] };
+	push @why, 'last words: ' . join(' | ', @{ $last_words{$file} })
+	  if ($parser->exit || $parser->wait) && $last_words{$file};
 	next unless @why;
 	# A problem of the whole file is one more failure unless a failed test
 	# already accounts for it; skips are failures on CI unless allowed.
@@ -50,5 +77,7 @@ for my $file ($agg->descriptions)
 	  if defined $parser->start_time && defined $parser->end_time;
 }
 print "tap problem: $_\n" for @problems;
+# The same, for scripts/test.sh to repeat in the last lines of the run.
+print "tap failed: $_\n" for grep { /not ok|counted as failed|exit status|killed|parse errors/ } @problems;
 print "tap: $passed passed, $failed failed, $skipped skipped, $todo todo\n";
 exit($failed ? 1 : 0);

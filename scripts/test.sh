@@ -50,7 +50,7 @@ if [ "${1:-}" = --pg ]; then pg_arg=${2:?--pg needs a version: 15, 16, 17, 18 or
 
 # Several versions: each runs in its own invocation; the totals are summed.
 run_matrix() {
-    local total_passed=0 total_failed=0 total_skipped=0 lines=() v args out status started took
+    local total_passed=0 total_failed=0 total_skipped=0 lines=() failures=() v args out status started took line
     while [ $# -gt 0 ]; do
         v=$1; args=$2; shift 2
         out=$(mktemp)
@@ -62,6 +62,8 @@ run_matrix() {
         set -e
         took=$((SECONDS - started))
         summary=$(grep -E '^results: [0-9]+ passed, [0-9]+ failed, [0-9]+ skipped' "$out" | tail -n1 || true)
+        while IFS= read -r line; do failures+=("PostgreSQL $v: ${line#failed part: }"); done \
+            < <(grep -E '^failed part: ' "$out" || true)
         rm -f "$out"
         if [ -z "$summary" ]; then summary="results: 0 passed, 1 failed, 0 skipped"; fi
         read -r p f k < <(echo "$summary" | sed 's/results: \([0-9]*\) passed, \([0-9]*\) failed, \([0-9]*\) skipped/\1 \2 \3/')
@@ -71,6 +73,8 @@ run_matrix() {
     done
     echo
     printf '%s\n' "${lines[@]}"
+    # What failed, repeated here: CI shows only the tail of the log.
+    if [ ${#failures[@]} -gt 0 ]; then printf 'failed: %s\n' "${failures[@]}"; fi
     echo "results: $total_passed passed, $total_failed failed, $total_skipped skipped"
     [ "$total_failed" = 0 ]
 }
@@ -116,7 +120,7 @@ done
 install_dependencies
 build_and_install
 
-passed=0 failed=0 skipped=0
+passed=0 failed=0 skipped=0 failed_parts=()
 work=$(postgres_workdir test)
 # Servers killed by the crash tests cannot remove their dynamic shared
 # memory segments: whatever appears in /dev/shm during the run and no
@@ -145,6 +149,9 @@ if [ $run_unit = 1 ]; then
     bad=$(awk '/^test result:/ { n += $6 } END { print n + 0 }' "$work/unit.log")
     passed=$((passed + ${ok:-0})); failed=$((failed + ${bad:-0}))
     if [ "$unit_status" != 0 ] && [ "${bad:-0}" = 0 ]; then failed=$((failed + 1)); fi
+    if [ "$unit_status" != 0 ]; then
+        failed_parts+=("unit: $(grep -E '^test .* FAILED$' "$work/unit.log" | sed 's/^test \(.*\) \.\.\. FAILED$/\1/' | tr '\n' ' ')")
+    fi
 fi
 
 if [ $run_regress = 1 ]; then
@@ -161,6 +168,7 @@ if [ $run_regress = 1 ]; then
         f=$(grep -cE '^(not ok|test .* FAILED|.* \.\.\. FAILED)' "$work/regression.out" 2>/dev/null || true)
         [ "${f:-0}" -gt 0 ] || f=$count
         failed=$((failed + f)); passed=$((passed + count - f))
+        failed_parts+=("pg_regress: $(grep -E '(not ok|FAILED)' "$work/regression.out" 2>/dev/null | tr -s ' ' | tr '\n' ';')")
         echo "--- regression.diffs ---"; cat "$work/regression.diffs" || true
     fi
 fi
@@ -206,6 +214,9 @@ if [ $run_tap = 1 ] && [ ${#tap_files[@]} -gt 0 ]; then
     skipped=$((skipped + $(echo "$summary" | sed -n 's/.* failed, \([0-9]*\) skipped.*/\1/p' | grep . || echo 0)))
     passed=$((passed + ${ok:-0})); failed=$((failed + ${bad:-0}))
     if [ "$tap_status" != 0 ] && [ "${bad:-0}" = 0 ]; then failed=$((failed + 1)); fi
+    while IFS= read -r line; do failed_parts+=("tap ${line#tap failed: }"); done \
+        < <(grep -E '^tap failed: ' "$work/prove.log" || true)
+    if [ "$tap_status" != 0 ] && [ ${#failed_parts[@]} = 0 ]; then failed_parts+=("tap: exit status $tap_status"); fi
 fi
 
 if [ $run_core = 1 ] && [ -n "$PG_CORE_UNAVAILABLE_WHY" ]; then
@@ -221,6 +232,7 @@ elif [ $run_core = 1 ]; then
     bad=$(sed -n 's/^core_regress: \([0-9]*\) passed, \([0-9]*\) failed$/\2/p' "$work/core_regress.log")
     passed=$((passed + ${ok:-0})); failed=$((failed + ${bad:-0}))
     if [ "$core_status" != 0 ] && [ "${bad:-0}" = 0 ]; then failed=$((failed + 1)); fi
+    if [ "$core_status" != 0 ]; then failed_parts+=("core regression suite: see $work/core_regress.log"); fi
 fi
 
 if [ $run_package = 1 ] && [ "$PG_MAJOR" = "$DEBIAN_PG_MAJOR" ]; then
@@ -233,6 +245,7 @@ if [ $run_package = 1 ] && [ "$PG_MAJOR" = "$DEBIAN_PG_MAJOR" ]; then
     bad=$(sed -n 's/^check_meta: \([0-9]*\) passed, \([0-9]*\) failed$/\2/p' "$work/meta.log")
     passed=$((passed + ${ok:-0})); failed=$((failed + ${bad:-0}))
     if [ "$meta_status" != 0 ] && [ "${bad:-0}" = 0 ]; then failed=$((failed + 1)); fi
+    if [ "$meta_status" != 0 ]; then failed_parts+=("check_meta: $(grep -E '^(FAIL|not ok)' "$work/meta.log" | tr '\n' ';')"); fi
 fi
 if [ $run_package = 1 ]; then
     log "the Debian package alone (scripts/test_package.sh)"
@@ -245,6 +258,7 @@ if [ $run_package = 1 ]; then
         | sed 's/results: \([0-9]*\) passed, \([0-9]*\) failed, \([0-9]*\) skipped/\1 \2 \3/')
     passed=$((passed + ok)); failed=$((failed + bad)); skipped=$((skipped + skip))
     if [ "$package_status" != 0 ] && [ "$bad" = 0 ]; then failed=$((failed + 1)); fi
+    if [ "$package_status" != 0 ]; then failed_parts+=("package: $(grep -E '^FAIL ' "$work/package.log" | tr '\n' ';') exit status $package_status"); fi
 fi
 
 if [ $run_ha = 1 ] && [ "$PG_MAJOR" != "$DEBIAN_PG_MAJOR" ]; then
@@ -260,6 +274,7 @@ elif [ $run_ha = 1 ]; then
     bad=$(sed -n 's/^ha_torture: \([0-9]*\) passed, \([0-9]*\) failed$/\2/p' "$work/ha.log")
     passed=$((passed + ${ok:-0})); failed=$((failed + ${bad:-0}))
     if [ "$ha_status" != 0 ] && [ "${bad:-0}" = 0 ]; then failed=$((failed + 1)); fi
+    if [ "$ha_status" != 0 ]; then failed_parts+=("ha_torture: $(grep -iE '^(FAIL|not ok)' "$work/ha.log" | tr '\n' ';') exit status $ha_status"); fi
 fi
 
 echo
@@ -270,5 +285,7 @@ else
     echo "(logs in $work)"
 fi
 echo "PostgreSQL $PG_MAJOR ($("$PG_CONFIG" --version))"
+# Repeated at the end (and by the matrix): CI shows only the tail of the log.
+if [ ${#failed_parts[@]} -gt 0 ]; then printf 'failed part: %s\n' "${failed_parts[@]}"; fi
 echo "results: $passed passed, $failed failed, $skipped skipped"
 [ "$failed" = 0 ]
