@@ -10,7 +10,8 @@
 
 use pgrx_pg_config::{PgConfig, Pgrx};
 
-const SOURCES: [&str; 7] = [
+const SOURCES: [&str; 8] = [
+    "src/c/deliver_record.c",
     "src/c/hooks.c",
     "src/c/sequence_call.c",
     "src/c/sequence_page.c",
@@ -47,6 +48,16 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         build.flag_if_supported(flag);
     }
     build.flag_if_supported("-Wno-unused-parameter");
+    // libpq-fe.h (deliver_record.c, which opens libpq at run time and links
+    // nothing): the client headers of pg_config, then Debian's libpq-dev;
+    // the server's headers come first.
+    if let Ok(out) = std::process::Command::new(pg_config.path().ok_or("pg_config has no path")?).arg("--includedir").output() {
+        let dir = String::from_utf8_lossy(&out.stdout).trim().to_string();
+        if !dir.is_empty() {
+            build.flag(format!("-idirafter{dir}"));
+        }
+    }
+    build.flag("-idirafter/usr/include/postgresql");
     build.compile("delayed_durability_c");
     Ok(())
 }

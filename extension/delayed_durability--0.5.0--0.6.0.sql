@@ -5,6 +5,7 @@
 -- preloaded; receipts across promotions (last_commit_receipt(),
 -- receipt_status()); failovers reported like crashes
 -- (delayed_durability_failovers, delayed_durability_import_failover_record(),
+-- delayed_durability_receive_failover_record() for a rejoined old primary,
 -- lost_in in delayed_durability_lost_commits); what promoting each standby
 -- would lose (delayed_durability_standby_exposure); pg_monitor reads the
 -- crash report.
@@ -86,6 +87,15 @@ CREATE  FUNCTION "delayed_durability_import_failover_record"(
 VOLATILE PARALLEL UNSAFE
 LANGUAGE c /* Rust */
 AS 'MODULE_PATHNAME', 'delayed_durability_import_failover_record_wrapper';
+
+CREATE  FUNCTION "delayed_durability_receive_failover_record"(
+	"record" bytea, /* Option < & [u8] > */
+	"sender" TEXT, /* Option < & str > */
+	"old_timeline" INT DEFAULT NULL /* Option < i32 > */
+) RETURNS bigint /* i64 */
+VOLATILE PARALLEL UNSAFE
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'delayed_durability_receive_failover_record_wrapper';
 
 CREATE  FUNCTION "delayed_durability_standby_budget_state"() RETURNS TABLE (
 	"slot_name" TEXT,  /* Option < String > */
@@ -209,3 +219,4 @@ REVOKE ALL ON delayed_durability_crashes, delayed_durability_lost_commits, delay
 GRANT SELECT ON delayed_durability_crashes, delayed_durability_lost_commits, delayed_durability_failovers,
     delayed_durability_standby_exposure TO pg_monitor;
 REVOKE ALL ON FUNCTION delayed_durability_import_failover_record(text, integer) FROM PUBLIC;
+REVOKE ALL ON FUNCTION delayed_durability_receive_failover_record(bytea, text, integer) FROM PUBLIC;

@@ -12,7 +12,7 @@ REPO_ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 PG_BUILD_CACHE=${PG_BUILD_CACHE:-/var/cache/delayed_durability}
 DEBIAN_PG_MAJOR=15
 SUPPORTED_PG_MAJORS="15 16 17 18"
-APT_PACKAGES="postgresql-$DEBIAN_PG_MAJOR postgresql-server-dev-$DEBIAN_PG_MAJOR postgresql-contrib libclang-dev clang
+APT_PACKAGES="postgresql-$DEBIAN_PG_MAJOR postgresql-server-dev-$DEBIAN_PG_MAJOR libpq-dev postgresql-contrib libclang-dev clang
   libpmem-dev libipc-run-perl pkg-config build-essential procps python3 python3-matplotlib python3-yaml strace"
 
 # Sets PG_MAJOR, PGBIN, PG_CONFIG and PGXS (the directory holding

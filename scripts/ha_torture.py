@@ -9,8 +9,10 @@ clients stopped:
   synchronous_mode: the new leader is the synchronous standby);
 - the old leader comes back; its crash recovery (run by Patroni before
   pg_rewind) saves its record of acknowledged commits in
-  crash_record_directory, nobody copying it; that file is imported on the
-  new leader, and the list it gives contains
+  crash_record_directory, nobody copying it; streaming again, the old
+  leader delivers that record to the new leader by itself (as the role
+  `replicator` of its primary_conninfo, granted EXECUTE on the receiving
+  function), and the list the new leader then gives contains
   every acknowledged delayed commit whose row is missing (by xid and commit
   position), no commit whose row is present, and at most one commit per
   client that the client never heard acknowledged (the one in flight);
@@ -68,7 +70,7 @@ class Cluster:
 namespace: /ddsoak/
 name: {name}
 log:
-  level: WARNING
+  level: INFO
 restapi:
   listen: 127.0.0.1:{rest}
   connect_address: 127.0.0.1:{rest}
@@ -256,6 +258,17 @@ def leader(candidates):
     return None
 
 
+def dcs_sync_standbys(name):
+    """The members Patroni's /sync key names synchronous standbys, as the
+    leader `name` shows them: only they may be promoted in synchronous
+    mode. (pg_stat_replication shows a standby synchronous a moment
+    before Patroni writes that key.)"""
+    _, rest = node_ports(name)
+    with urllib.request.urlopen(f"http://127.0.0.1:{rest}/cluster", timeout=2) as r:
+        members = json.load(r).get("members", [])
+    return {m["name"] for m in members if m.get("role") == "sync_standby" and m.get("state") in ("running", "streaming")}
+
+
 def streaming_replicas(name):
     return query(name, "SELECT count(*) FROM pg_stat_replication WHERE state = 'streaming'")[0][0]
 
@@ -307,6 +320,7 @@ def failover_round(cluster, number, rng, clients_n, seconds, totals):
     wait_for(lambda: streaming_replicas(old) == 2, 120, f"two streaming replicas of {old}")
     wait_for(lambda: query(old, "SELECT count(*) FROM pg_stat_replication WHERE sync_state = 'sync'")[0][0] == 1,
              60, "a synchronous standby")
+    wait_for(lambda: len(dcs_sync_standbys(old)) == 1, 60, "Patroni's /sync key to name the synchronous standby")
     clients = [Client(i + 1 + number * 100, old, rng.random()) for i in range(clients_n)]
     for c in clients:
         c.start()
@@ -335,35 +349,36 @@ def failover_round(cluster, number, rng, clients_n, seconds, totals):
 
     # The old leader comes back: Patroni runs its crash recovery and
     # pg_rewind, which replaces its delayed_durability/; the crash recovery
-    # saved its record in crash_record_directory first. Nobody copies it.
+    # saved its record in crash_record_directory first. Nobody copies it:
+    # streaming again, the old leader delivers it (renamed .delivered), or
+    # the new leader refuses it (.refused) when no acknowledged commit in it
+    # is past the switch point (it cannot be told from a stale copy).
     cluster.start_node(old)
     saved = []
 
     def record_saved():
-        saved[:] = sorted(n for n in set(os.listdir(cluster.saved_dir(old))) - saved_before if n.endswith(".commits"))
+        saved[:] = sorted(n for n in set(os.listdir(cluster.saved_dir(old))) - saved_before
+                          if n.endswith((".commits", ".commits.delivered", ".commits.refused")))
         return saved
 
     wait_for(record_saved, 180, f"{old}'s record saved by its crash recovery")
-    copy = f"{cluster.saved_dir(old)}/{saved[0]}"
-    try:
-        listed_n = query(new, "SELECT delayed_durability_import_failover_record(%s, %s)", (copy, old_tli))[0][0]
-    except psycopg2.Error as e:
-        # A record with no acknowledged commit past the switch point is
-        # refused (it cannot be told from a stale copy): right only when
-        # no acknowledged delayed commit is missing.
-        if "ends before the switch point" not in str(e):
-            raise
-        lost_delayed = [a for a in missing if a[1] == "delayed"]
-        check(not lost_delayed, f"failover {number}: the import refuses a record with nothing past the switch point, "
-              "and no acknowledged delayed commit is missing", f"{len(lost_delayed)} missing")
-        totals["refused_nothing_lost"] += 1
-        listed_n = None
+    # (30 "nothing waits" answers, 10 s apart, before a refusal: wait longer.)
+    wait_for(lambda: record_saved() and not saved[0].endswith(".commits"), 420,
+             f"{old}'s record delivered to {new} (or refused there)")
     listed = query(new, """SELECT l.xid::text, l.commit_lsn::text FROM delayed_durability_lost_commits l
         JOIN delayed_durability_failovers f ON f.failover_at = l.crash_recovered_at
         WHERE l.lost_in = 'failover' AND f.new_timeline = %s""", (new_tli,))
-    if listed_n is not None:
-        exact = query(new, "SELECT exact FROM delayed_durability_failovers WHERE new_timeline = %s", (new_tli,))[0][0]
-        check(exact and listed_n == len(listed), f"failover {number}: the import lists {listed_n}, exactly")
+    exact, lost_n = query(new, "SELECT exact, lost_commits FROM delayed_durability_failovers WHERE new_timeline = %s",
+                          (new_tli,))[0]
+    if saved[0].endswith(".refused"):
+        lost_delayed = [a for a in missing if a[1] == "delayed"]
+        check(not lost_delayed and lost_n is None, f"failover {number}: the new leader refuses a delivered record with "
+              "nothing past the switch point, and no acknowledged delayed commit is missing",
+              f"{len(lost_delayed)} missing, lost_commits {lost_n}")
+        totals["refused_nothing_lost"] += 1
+    else:
+        check(exact and lost_n == len(listed), f"failover {number}: the delivered record lists {lost_n}, exactly",
+              f"exact {exact}, {len(listed)} rows")
     listed_set = set(listed)
     listed_xids = {x for x, _ in listed}
     unlisted = [a for a in missing if a[1] == "delayed" and
@@ -426,7 +441,9 @@ def main():
             ALTER DATABASE postgres SET delayed_durability.mode = 'allowed';
             CREATE TABLE t (k bigint PRIMARY KEY, kind text NOT NULL, xid xid8 NOT NULL DEFAULT pg_current_xact_id());
             CREATE TABLE td (LIKE t INCLUDING ALL);
-            SELECT delayed_durability_set_table_class('td', 'durable');""")
+            SELECT delayed_durability_set_table_class('td', 'durable');
+            -- The role a rejoined old leader delivers its record as (its primary_conninfo's).
+            GRANT EXECUTE ON FUNCTION delayed_durability_receive_failover_record(bytea, text, integer) TO replicator;""")
         cluster.start_node("n2")
         cluster.start_node("n3")
         for i in range(1, args.failovers + 1):

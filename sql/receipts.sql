@@ -9,7 +9,8 @@ SELECT p.oid::regprocedure AS function, pg_get_function_result(p.oid) AS result,
        p.proisstrict AS strict, p.provolatile AS volatility, p.proparallel AS parallel
   FROM pg_proc AS p
  WHERE p.proname IN ('last_commit_lsn', 'is_durable', 'wait_durable', 'delayed_durability_lost_commits_reset',
-                     'last_commit_receipt', 'receipt_status', 'delayed_durability_import_failover_record')
+                     'last_commit_receipt', 'receipt_status', 'delayed_durability_import_failover_record',
+                     'delayed_durability_receive_failover_record')
  ORDER BY p.oid::regprocedure::text;
 SELECT pg_get_function_arguments('wait_durable'::regproc);
 

@@ -185,6 +185,8 @@ REVOKE ALL ON delayed_durability_crashes, delayed_durability_lost_commits, delay
 GRANT SELECT ON delayed_durability_crashes, delayed_durability_lost_commits, delayed_durability_failovers,
     delayed_durability_standby_exposure TO pg_monitor;
 REVOKE ALL ON FUNCTION delayed_durability_import_failover_record(text, integer) FROM PUBLIC;
+-- Granted by a superuser to the role a rejoined old primary delivers its record as.
+REVOKE ALL ON FUNCTION delayed_durability_receive_failover_record(bytea, text, integer) FROM PUBLIC;
 REVOKE ALL ON FUNCTION delayed_durability_lost_commits_reset() FROM PUBLIC;
 "#,
     name = "views_and_wrappers",

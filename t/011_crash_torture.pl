@@ -81,9 +81,13 @@ sub txn_sql
 
 # A value handed out implies its block's recovery value was flushed; the
 # flush position read after the call tells the harness so.
-# The commit of that statement (delayed in db_forced) is acknowledged too:
+# The commit of that transaction (delayed in db_forced) is acknowledged too:
 # its receipt goes to the harness for the comparison with the crash report.
-my $seq_sql = "SELECT 'seq ' || cached_nextval('torture_seq') || ' ' || pg_current_wal_flush_lsn();\n"
+# Its xid is printed before COMMIT, as for every other transaction: a crash
+# that cuts off the acknowledgement leaves a commit the crash report may
+# list and the harness can name (a client's last transaction).
+my $seq_sql = "BEGIN;\nSELECT 'xid ' || pg_current_xact_id();\n"
+  . "SELECT 'seq ' || cached_nextval('torture_seq') || ' ' || pg_current_wal_flush_lsn();\nCOMMIT;\n"
   . "SELECT 'receipt ' || last_commit_lsn() || ' ' || is_durable(last_commit_lsn());\n";
 
 # A client's script: many transactions, each followed by an acknowledgement
@@ -285,12 +289,11 @@ for my $cycle (1 .. $cycles)
 			}
 			elsif (/^receipt (\S+) false$/)
 			{
-				# A cached_nextval() that wrote its block's recovery value
-				# (flushed) committed after it, delayed in a forced database:
-				# a commit the crash report may rightly list. (When the call
-				# wrote nothing, the receipt is the previous commit's, known
-				# already.)
+				# The cached_nextval() transaction committed, delayed in a
+				# forced database: a commit the crash report may rightly list.
 				$receipts{ lsn_to_int($1) } //= "$db/$client/seq";
+				delete $unacked_xid{$client};
+				undef $xid;
 			}
 			elsif (/^ack delayed (\d+) (\S+) (\S+) (true|false)$/)
 			{
@@ -302,6 +305,8 @@ for my $cycle (1 .. $cycles)
 			{
 				# In postgres the commit is durable: always flushed here.
 				$receipts{ lsn_to_int($1) } //= "$db/$client/seq";
+				delete $unacked_xid{$client};
+				undef $xid;
 				$known_flushed = lsn_to_int($1) if $2 eq 'true' && lsn_to_int($1) > $known_flushed;
 			}
 			elsif (/^seq (\d+) (\S+)$/)

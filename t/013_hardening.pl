@@ -95,7 +95,9 @@ my $loss_objects = q{SELECT (SELECT count(*) FROM pg_proc WHERE proname IN ('las
   || '|' || (SELECT count(*) FROM pg_class WHERE relname IN ('delayed_durability_crashes', 'delayed_durability_lost_commits'))};
 my $v060_objects = q{SELECT (SELECT count(*) FROM pg_trigger WHERE tgname LIKE 'delayed_durability_table_class_config_guard%')
   || '|' || (SELECT count(*) FROM pg_class WHERE relname = 'delayed_durability_settings')
-  || '|' || coalesce((SELECT has_table_privilege('pg_monitor', oid, 'SELECT') FROM pg_class WHERE relname = 'delayed_durability_crashes'), false)};
+  || '|' || coalesce((SELECT has_table_privilege('pg_monitor', oid, 'SELECT') FROM pg_class WHERE relname = 'delayed_durability_crashes'), false)
+  || '|' || (SELECT count(*) FROM pg_proc WHERE proname = 'delayed_durability_receive_failover_record'
+              AND NOT has_function_privilege('public', oid, 'EXECUTE'))};
 for my $version ('0.1.0', '0.2.0', '0.3.0', '0.4.0', '0.5.0')
 {
 	my $db = 'old_' . ($version =~ s/\./_/gr);
@@ -105,7 +107,7 @@ for my $version ('0.1.0', '0.2.0', '0.3.0', '0.4.0', '0.5.0')
 	is($node->safe_psql($db, $currval_functions), $version ge '0.3.0' ? '2' : '0', "$version: cached_currval/cached_lastval");
 	is($node->safe_psql($db, $loss_objects), $version ge '0.4.0' ? '4|2' : '0|0', "$version: receipts and crash report only from 0.4.0");
 	is($node->safe_psql($db, $class_objects), $version eq '0.5.0' ? '1|2|1' : '0|0|0', "$version: table classes only from 0.5.0");
-	is($node->safe_psql($db, $v060_objects), '0|0|false', "$version: no guard, no settings view, no pg_monitor grant");
+	is($node->safe_psql($db, $v060_objects), '0|0|false|0', "$version: no guard, no settings view, no pg_monitor grant, no record delivery");
 	$node->safe_psql($db, 'ALTER EXTENSION delayed_durability UPDATE');
 	is($node->safe_psql($db, q{SELECT extversion FROM pg_extension WHERE extname = 'delayed_durability'}),
 		$current, "ALTER EXTENSION UPDATE from $version reaches $current");
@@ -116,7 +118,7 @@ for my $version ('0.1.0', '0.2.0', '0.3.0', '0.4.0', '0.5.0')
 		'1|1|1', "updated from $version: cached_currval and cached_lastval work");
 	is($node->safe_psql($db, $loss_objects), '4|2', "updated from $version: receipts and crash report");
 	is($node->safe_psql($db, $class_objects), '1|2|1', "updated from $version: table classes");
-	is($node->safe_psql($db, $v060_objects), '2|1|true', "updated from $version: guard triggers, settings view, pg_monitor grant");
+	is($node->safe_psql($db, $v060_objects), '2|1|true|1', "updated from $version: guard triggers, settings view, pg_monitor grant, the record delivery's function not executable by PUBLIC");
 	is($node->safe_psql($db, q{SELECT mode_source, library_preloaded FROM delayed_durability_settings WHERE datname = current_database()}),
 		'cluster|t', "updated from $version: the settings view works");
 	# A class set after the update applies at once, the counters have their

@@ -149,6 +149,17 @@ my $foreign = $receipt{ $lost_keys[0] } =~ s/^\d+/12345/r;
 fails("SELECT * FROM receipt_status('$foreign')", qr/receipt of another database system/, 'a receipt of another cluster');
 fails("SELECT delayed_durability_import_failover_record('$copy')", qr/permission denied/, 'an import by a non-superuser',
 	extra_params => [ '-U', 'watcher' ]);
+# The delivery a rejoined old primary makes (t/031): the same checks on
+# the bytes it sends; EXECUTE is not PUBLIC's.
+is($standby->safe_psql('postgres', "SELECT delayed_durability_receive_failover_record(pg_read_binary_file('$copy'), 'n1', 1)"), '6',
+	'the record imported by hand, delivered again: answered with the count it gave (its sender marks it delivered)');
+fails("SELECT delayed_durability_receive_failover_record(pg_read_binary_file('$truncated'), 'n1')",
+	qr/the record delivered by n1 as \S+ is truncated/, 'a truncated delivered record');
+fails("SELECT delayed_durability_receive_failover_record(NULL, 'n1')", qr/must not be null/, 'a null record');
+fails("SELECT delayed_durability_receive_failover_record('\\x00', 'n1')", qr/the record delivered by n1 /, 'a delivery of bytes that are no record');
+fails("SELECT delayed_durability_receive_failover_record(pg_read_binary_file('$copy'), 'n1')",
+	qr/permission denied for function delayed_durability_receive_failover_record/, 'a delivery by a role without EXECUTE',
+	extra_params => [ '-U', 'watcher' ]);
 is($standby->safe_psql('postgres', 'SELECT lost_commits FROM delayed_durability_failovers'), '6', 'the report is unchanged');
 
 # ---- kept across a restart, not recorded twice; the reset forgets it,

@@ -2,9 +2,10 @@
 # for the synchronous standby and are never lost nor reported lost; the
 # delayed commits made after the last durable one are lost and listed
 # exactly, from the old primary's record saved by its own crash recovery
-# (crash_record_directory) before pg_rewind replaced its delayed_durability/;
-# the old primary rejoins as a standby,
-# and a second failover back to it is reported the same way, with every
+# (crash_record_directory) before pg_rewind replaced its delayed_durability/:
+# the old primary rejoins as a standby and delivers that record to the new
+# primary by itself. A second failover back to it is reported the same way
+# (the record imported by hand, its server gone), with every
 # receipt of both rounds judged against the rows the last primary has. A
 # third node follows the first promotion as a standby: promoted itself
 # later, it records that one failover only.
@@ -91,12 +92,10 @@ sub synchronous
 # Checks, on the node that is primary now: the missing rows are exactly
 # the expected ones of every round so far, no durable commit is missing,
 # every receipt reads `durable` when its row is there and `lost` when not;
-# the failover row, then the import of the old primary's record, list
-# exactly the ones this failover lost.
-sub judge
+# the failover is recorded, not exact before the old primary's record comes.
+sub judge_rows
 {
-	my ($node, $round, $old_tli, $new_tli, $record, $expected_missing, $expected_lost) = @_;
-	my @expected_lost = @$expected_lost;
+	my ($node, $round, $old_tli, $new_tli, $expected_missing) = @_;
 	my %present = map { $_ => 1 } split /\n/, $node->safe_psql('postgres', 'SELECT k FROM t');
 	my @missing = grep { !$present{$_} } sort { $a <=> $b } keys %receipt;
 	is(join(',', grep { $is_durable{$_} } @missing), '', "$round: no durable commit is missing");
@@ -113,14 +112,27 @@ sub judge
 	is($node->safe_psql('postgres',
 		"SELECT old_timeline || ' ' || exact FROM delayed_durability_failovers WHERE new_timeline = $new_tli"),
 		"$old_tli false", "$round: the failover from timeline $old_tli is recorded, not exact yet");
+}
+
+# The old primary's record, imported by hand on the node that is primary now.
+sub import_record
+{
+	my ($node, $round, $old_tli, $record, $expected_lost) = @_;
 	my $copy = File::Spec->rel2abs($node->basedir . "/record_of_timeline_$old_tli");
 	copy($record, $copy) or die "copy: $!";
 	is($node->safe_psql('postgres', "SELECT delayed_durability_import_failover_record('$copy', $old_tli)"),
-		scalar(@expected_lost), "$round: the import lists as many as are missing");
+		scalar(@$expected_lost), "$round: the import lists as many as are missing");
+}
+
+# The old primary's record, however it came, lists exactly the ones this
+# failover lost, by xid and commit position; the failover row is exact.
+sub judge_listed
+{
+	my ($node, $round, $new_tli, $expected_lost) = @_;
 	my @listed = split /\n/, $node->safe_psql('postgres',
 		"SELECT xid || ' ' || commit_lsn FROM delayed_durability_lost_commits l JOIN delayed_durability_failovers f
 		  ON f.failover_at = l.crash_recovered_at WHERE l.lost_in = 'failover' AND f.new_timeline = $new_tli ORDER BY commit_lsn");
-	my @expected = map { my @f = split /:/, $receipt{$_}; "$f[3] $f[2]" } @expected_lost;
+	my @expected = map { my @f = split /:/, $receipt{$_}; "$f[3] $f[2]" } @$expected_lost;
 	is_deeply(\@listed, \@expected, "$round: listed are exactly the missing ones, by xid and commit position (no durable one)");
 	is($node->safe_psql('postgres', "SELECT exact FROM delayed_durability_failovers WHERE new_timeline = $new_tli"), 't',
 		"$round: the failover row is exact");
@@ -159,9 +171,9 @@ is($rc, 0, 'pg_rewind of the old primary A succeeds') or diag("$out$err");
 like($err, qr/the record of the crashed run \(\d+ entries\) is saved in "\Q$saved_dir\E\//,
 	'its crash recovery saved the record of the crashed run, and logged where');
 opendir(my $dh, $saved_dir) or die $!;
-my @saved = grep { /^delayed_durability-\d+-p\d+-\d+-\d+\.commits$/ } readdir $dh;
+my @saved = grep { /^delayed_durability-\d+-p\d+-\d+-\d+-tl1\.commits$/ } readdir $dh;
 closedir $dh;
-is(scalar @saved, 1, 'one saved record, outside the data directory');
+is(scalar @saved, 1, 'one saved record, outside the data directory, named with the timeline it was written on');
 # Before any import, the row says what B last heard of A's flushed WAL:
 # at least the last durable commit (B confirmed it), not the unflushed tail.
 my $detail = $node_b->safe_psql('postgres', 'SELECT detail FROM delayed_durability_failovers WHERE new_timeline = 2');
@@ -169,7 +181,7 @@ my ($heard) = $detail =~ /had flushed its WAL at least up to ([0-9A-F]+\/[0-9A-F
 ok(defined $heard && lsn_to_int($heard) >= receipt_end($receipt{20}) && lsn_to_int($heard) < receipt_end($tail[0]),
 	'without the record, the failover row says how far the old primary had flushed: past the last durable commit, before the delayed tail')
   or diag($detail);
-judge($node_b, 'failover to B', 1, 2, "$saved_dir/$saved[0]", [ 21 .. 26 ], [ 21 .. 26 ]);
+judge_rows($node_b, 'failover to B', 1, 2, [ 21 .. 26 ]);
 
 # C, a standby of A, now follows B on timeline 2: it notes that timeline
 # (its record of the failover stays on B, the server promoted then).
@@ -212,9 +224,22 @@ for my $k (sort { $a <=> $b } keys %receipt)
 }
 is(join(',', @wrong_on_standby), '', 'on the rejoined old primary (a standby now) the receipts read as on the new primary');
 opendir($dh, $saved_dir) or die $!;
-is(scalar(grep { /\.commits$/ } readdir $dh), 1,
+is(scalar(grep { /\.commits(\.delivered)?$/ } readdir $dh), 1,
 	'the rewound server\'s start saved nothing more (the record pg_rewind brought is the new primary\'s)');
 closedir $dh;
+
+# A, streaming from B, delivers its saved record to B by itself (its
+# primary_conninfo, database postgres): B's failover row becomes exact.
+ok($node_b->poll_query_until('postgres', 'SELECT exact FROM delayed_durability_failovers WHERE new_timeline = 2'),
+	'the rejoined old primary delivers its saved record: the failover row on the new primary becomes exact by itself');
+judge_listed($node_b, 'failover to B (the record delivered by A)', 2, [ 21 .. 26 ]);
+like($node_b->safe_psql('postgres', 'SELECT detail FROM delayed_durability_failovers WHERE new_timeline = 2'),
+	qr/^exact: 6 acknowledged delayed commits .* \(imported from the record delivered by .* port \d+ \(\Q$saved[0]\E\) as \S+\)$/,
+	'the failover row names the server, the file and the role the record came from');
+ok(-f "$saved_dir/" . ($saved[0] =~ s/\.commits$/.commits.delivered/r) && !-e "$saved_dir/$saved[0]",
+	'the delivered record is renamed .commits.delivered (not delivered again)');
+ok($node_a->log_contains(qr/the record of the crashed run was delivered to the new primary, which lists 6 acknowledged delayed commits as lost/),
+	'the old primary logs the delivery and what the new primary listed');
 is($node_a->safe_psql('postgres', 'SELECT count(*) FROM t'), $node_b->safe_psql('postgres', 'SELECT count(*) FROM t'),
 	'the rejoined old primary has the new primary\'s rows');
 
@@ -232,7 +257,9 @@ my $saved_b = File::Spec->rel2abs($node_a->basedir . '/saved_record_b');
 copy($record_b, $saved_b) or die "copy: $!";
 $node_a->promote;
 $node_a->poll_query_until('postgres', 'SELECT NOT pg_is_in_recovery()') or die 'A not promoted';
-judge($node_a, 'failback to A', 2, 3, $saved_b, [ 21 .. 26, 121 .. 126 ], [ 121 .. 126 ]);
+judge_rows($node_a, 'failback to A', 2, 3, [ 21 .. 26, 121 .. 126 ]);
+import_record($node_a, 'failback to A', 2, $saved_b, [ 121 .. 126 ]);
+judge_listed($node_a, 'failback to A', 3, [ 121 .. 126 ]);
 is($node_a->safe_psql('postgres', 'SELECT string_agg(old_timeline || \'->\' || new_timeline, \',\' ORDER BY new_timeline) FROM delayed_durability_failovers'),
 	'1->2,2->3', 'A shows both failovers of the database system (the first one came with pg_rewind)');
 
@@ -243,6 +270,24 @@ $node_c->poll_query_until('postgres', 'SELECT count(*) >= 1 FROM delayed_durabil
 is($node_c->safe_psql('postgres', 'SELECT string_agg(old_timeline || \'->\' || new_timeline, \',\') FROM delayed_durability_failovers'),
 	'2->3', 'C, promoted, records one failover: from the timeline it followed last');
 $node_c->stop;
+
+# ---- A, the primary on timeline 3, crashes and comes back as the primary
+# on that timeline: it reports that crash itself, so the record its start
+# saved (named with timeline 3) is renamed .reported and never delivered.
+$node_a->safe_psql('postgres', "BEGIN; SELECT commit_delayed() \\g /dev/null\nINSERT INTO t VALUES (500, false); COMMIT;");
+kill_everything($node_a);
+$node_a->start;
+my @reported;
+for (1 .. 300)
+{
+	opendir($dh, $saved_dir) or die $!;
+	@reported = grep { /-tl3\.commits(\.reported)?$/ } readdir $dh;
+	closedir $dh;
+	last if @reported == 1 && $reported[0] =~ /\.reported$/;
+	select(undef, undef, undef, 0.1);
+}
+like(join(',', @reported), qr/^delayed_durability-\d+-p\d+-\d+-\d+-tl3\.commits\.reported$/,
+	'a crash of the primary it comes back from as the primary: its saved record is marked reported, never delivered');
 
 $node_a->stop;
 done_testing();

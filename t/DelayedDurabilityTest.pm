@@ -301,15 +301,29 @@ sub pause_wal_writer
 	my ($node) = @_;
 	my $pid = $node->safe_psql('postgres', "SELECT pid FROM pg_stat_activity WHERE backend_type = 'walwriter'");
 	die 'no WAL writer' unless $pid =~ /^\d+$/;
-	kill 'STOP', $pid or die "SIGSTOP $pid: $!";
-	# Stopped, not merely asked to: its state letter says so.
-	for (1 .. 500)
+	# Stopped in its sleep only: stopped while it flushes, it would keep
+	# WALWriteLock, and every backend that flushes would wait for it for
+	# ever. Its wait event, read live from shared memory once it is
+	# stopped, says where it is; anywhere else it is let go and stopped
+	# again a moment later.
+	for my $attempt (1 .. 200)
 	{
-		my $stat = slurp_file("/proc/$pid/stat");
-		return $pid if $stat =~ /^\d+ \(.*\) T /;
-		usleep(2_000);
+		kill 'STOP', $pid or die "SIGSTOP $pid: $!";
+		# Stopped, not merely asked to: its state letter says so.
+		my $stopped = 0;
+		for (1 .. 500)
+		{
+			my $stat = slurp_file("/proc/$pid/stat");
+			if ($stat =~ /^\d+ \(.*\) T /) { $stopped = 1; last; }
+			usleep(2_000);
+		}
+		die "the WAL writer $pid did not stop" unless $stopped;
+		return $pid
+		  if $node->safe_psql('postgres', "SELECT wait_event FROM pg_stat_activity WHERE pid = $pid") eq 'WalWriterMain';
+		kill 'CONT', $pid;
+		usleep(20_000);
 	}
-	die "the WAL writer $pid did not stop";
+	die "the WAL writer $pid was never stopped in its sleep";
 }
 
 sub resume_wal_writer

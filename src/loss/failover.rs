@@ -43,10 +43,28 @@ struct Failovers {
     timeline: Option<u32>,
     events: Vec<Failover>,
     lost: Vec<(i64, Acked)>,
+    /// Which record each imported failover's list came from (a
+    /// fingerprint of its bytes): a record delivered twice is taken once.
+    records: Vec<(i64, String)>,
+}
+
+/// Held around every read-modify-write of the failovers file: the worker
+/// (a promotion noted), backends (an import, a delivery, a reset) may
+/// write at once. Released when the file is closed.
+fn lock() -> std::io::Result<std::fs::File> {
+    let file = std::fs::OpenOptions::new().create(true).truncate(false).write(true).open(format!("{FAILOVER_FILE}.lock"))?;
+    file.lock()?;
+    Ok(file)
+}
+
+/// FNV-1a of a record's bytes: tells a record delivered again from a new one.
+fn fingerprint(bytes: &[u8]) -> String {
+    let hash = bytes.iter().fold(0xcbf29ce484222325u64, |h, &b| (h ^ b as u64).wrapping_mul(0x100000001b3));
+    format!("{hash:016x}")
 }
 
 fn read_failovers() -> Failovers {
-    let mut out = Failovers { timeline: None, events: Vec::new(), lost: Vec::new() };
+    let mut out = Failovers { timeline: None, events: Vec::new(), lost: Vec::new(), records: Vec::new() };
     let text = std::fs::read_to_string(FAILOVER_FILE).unwrap_or_default();
     for line in text.lines() {
         let f: Vec<&str> = line.splitn(8, '\t').collect();
@@ -65,6 +83,7 @@ fn read_failovers() -> Failovers {
             Some(&"lost") if f.len() >= 6 => out
                 .lost
                 .push((n(1), Acked { fxid: n(2) as u64, datid: n(3) as u32, commit_end: n(4) as u64, ack_time: n(5) })),
+            Some(&"record") if f.len() >= 3 => out.records.push((n(1), f[2].to_string())),
             _ => {}
         }
     }
@@ -84,6 +103,9 @@ fn write_failovers(f: &Failovers) -> std::io::Result<()> {
     for (id, a) in &f.lost {
         let _ = writeln!(text, "lost\t{id}\t{}\t{}\t{}\t{}", a.fxid, a.datid, a.commit_end, a.ack_time);
     }
+    for (id, fp) in &f.records {
+        let _ = writeln!(text, "record\t{id}\t{fp}");
+    }
     // A temporary file of this process: the worker and a backend (the
     // import, the reset) may write at once; each rename is whole.
     let tmp = format!("{FAILOVER_FILE}.tmp.{}", std::process::id());
@@ -98,12 +120,14 @@ fn write_failovers(f: &Failovers) -> std::io::Result<()> {
 /// timeline this server last ran on, so the next start does not record
 /// the last promotion again.
 pub(super) fn forget() -> std::io::Result<()> {
+    let _lock = lock()?;
     let mut failovers = read_failovers();
     if failovers.events.is_empty() && failovers.lost.is_empty() {
         return Ok(());
     }
     failovers.events.clear();
     failovers.lost.clear();
+    failovers.records.clear();
     write_failovers(&failovers)
         .map_err(|e| std::io::Error::new(e.kind(), format!("could not write \"{FAILOVER_FILE}\": {e}")))
 }
@@ -111,7 +135,8 @@ pub(super) fn forget() -> std::io::Result<()> {
 fn not_imported(old_tli: u32, new_tli: u32, switch: u64) -> String {
     format!(
         "unknown: timeline {old_tli} was left at {} for {new_tli}; the delayed commits the old primary \
-acknowledged past it are lost; import its record with delayed_durability_import_failover_record() to list them",
+acknowledged past it are lost; its record lists them once the old primary delivers it, rejoining as a standby, or \
+once it is imported with delayed_durability_import_failover_record()",
         lsn_text(switch)
     )
 }
@@ -122,6 +147,7 @@ pub fn follow_timeline() -> std::io::Result<()> {
     // Not timeline::current(): a promotion completing right now must be
     // left to note_timeline(), which records it as a failover.
     let Some(current) = crate::timeline::followed() else { return Ok(()) };
+    let _lock = lock()?;
     let mut failovers = read_failovers();
     if failovers.timeline.is_some_and(|t| t >= current) {
         return Ok(());
@@ -182,6 +208,7 @@ commit in them is lost, durable ones too",
 pub fn note_timeline() -> std::io::Result<()> {
     let heard = HEARD.0.get();
     let current = crate::timeline::current();
+    let _lock = lock()?;
     let mut failovers = read_failovers();
     if failovers.timeline == Some(current) {
         return Ok(());
@@ -211,7 +238,7 @@ pub fn note_timeline() -> std::io::Result<()> {
                 },
             });
             pgrx::log!(
-                "delayed_durability: failover: timeline {old_tli} was left at {} for timeline {new_tli}; delayed commits the old primary acknowledged past that point are lost (import its record with delayed_durability_import_failover_record() to list them)",
+                "delayed_durability: failover: timeline {old_tli} was left at {} for timeline {new_tli}; delayed commits the old primary acknowledged past that point are lost (its record, delivered by it when it rejoins or imported with delayed_durability_import_failover_record(), lists them)",
                 lsn_text(*switch)
             );
         }
@@ -227,8 +254,9 @@ fn error(code: PgSqlErrorCode, message: String, hint: &str) -> ! {
     unreachable!("ERROR does not return")
 }
 
-/// A record file read into memory aligned for its atomics, as a ring.
-fn load_record(path: &str) -> (Vec<u8>, Ring) {
+/// A record file read into memory aligned for its atomics, as a ring, with
+/// the fingerprint of its bytes.
+fn load_record(path: &str) -> (Vec<u8>, Ring, String) {
     // At most a record of the largest lost_commits_ring_size.
     let largest = ring::file_len(1 << 24) as u64;
     match std::fs::metadata(path) {
@@ -251,19 +279,45 @@ fn load_record(path: &str) -> (Vec<u8>, Ring) {
     let bytes = std::fs::read(path).unwrap_or_else(|e| {
         error(PgSqlErrorCode::ERRCODE_UNDEFINED_FILE, format!("could not read \"{path}\": {e}"), "")
     });
+    let (memory, ring) = ring_from_bytes(&bytes, &format!("\"{path}\""));
+    (memory, ring, fingerprint(&bytes))
+}
+
+/// A record's bytes copied into memory aligned for its atomics, as a ring;
+/// `source` names it in errors.
+fn ring_from_bytes(bytes: &[u8], source: &str) -> (Vec<u8>, Ring) {
+    let largest = ring::file_len(1 << 24);
+    if bytes.len() > largest {
+        error(
+            PgSqlErrorCode::ERRCODE_INVALID_PARAMETER_VALUE,
+            format!("{source} is not a record of acknowledged commits (more than {largest} bytes)"),
+            "",
+        );
+    }
     let mut memory = vec![0u8; bytes.len() + 64];
     let offset = memory.as_ptr().align_offset(64);
-    memory[offset..offset + bytes.len()].copy_from_slice(&bytes);
+    memory[offset..offset + bytes.len()].copy_from_slice(bytes);
     // SAFETY: the vector outlives the ring (both are returned together).
     let map = Mapping { addr: unsafe { memory.as_mut_ptr().add(offset) }, len: bytes.len(), is_pmem: false };
     let ring = Ring::new(map).unwrap_or_else(|why| {
         error(
             PgSqlErrorCode::ERRCODE_DATA_CORRUPTED,
-            format!("\"{path}\" {why}"),
+            format!("{source} {why}"),
             "Give the old primary's delayed_durability/commits (or the .commits file next to its persistent WAL buffer), copied whole while it was down.",
         )
     });
     (memory, ring)
+}
+
+/// The old primary's record is read on the promoted server only.
+fn refuse_in_recovery() {
+    if crate::flush::in_recovery() {
+        error(
+            PgSqlErrorCode::ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
+            "recovery is in progress".into(),
+            "Give the old primary's record to the server that was promoted.",
+        );
+    }
 }
 
 /// Lists the delayed commits the old primary acknowledged past the switch
@@ -280,24 +334,67 @@ fn delayed_durability_import_failover_record(path: &str, old_timeline: default!(
             "Only superusers can import one.",
         );
     }
-    if crate::flush::in_recovery() {
-        error(
-            PgSqlErrorCode::ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
-            "recovery is in progress".into(),
-            "Import the old primary's record on the server that was promoted.",
-        );
-    }
-    let (_memory, ring) = load_record(path);
+    refuse_in_recovery();
+    let (_memory, ring, fp) = load_record(path);
+    import(&ring, &fp, &format!("\"{path}\""), old_timeline, false)
+}
+
+/// The same as the import, from the record's bytes: what a rejoined old
+/// primary delivers by itself (delivery.rs), naming the timeline it
+/// crashed on. EXECUTE is revoked from PUBLIC: a superuser grants it to
+/// the role the delivery connects as, which is trusted to write the
+/// failover report. The same record delivered again (its sender could not
+/// hear the answer) is answered with the same count, changing nothing.
+#[pg_extern(volatile, parallel_unsafe)]
+fn delayed_durability_receive_failover_record(
+    record: Option<&[u8]>,
+    sender: Option<&str>,
+    old_timeline: default!(Option<i32>, "NULL"),
+) -> i64 {
+    crate::preload::require_preloaded();
+    let (Some(record), Some(sender)) = (record, sender) else {
+        error(PgSqlErrorCode::ERRCODE_NULL_VALUE_NOT_ALLOWED, "the record and its sender must not be null".into(), "")
+    };
+    refuse_in_recovery();
+    let sender: String = sender.chars().filter(|c| !c.is_control()).take(200).collect();
+    // SAFETY: the name of the session's user, looked up in the catalog
+    // (an ERROR if it is gone, as for any statement).
+    let user = unsafe { std::ffi::CStr::from_ptr(pg_sys::GetUserNameFromId(pg_sys::GetSessionUserId(), false)) };
+    let source = format!("the record delivered by {sender} as {}", user.to_string_lossy());
+    let (_memory, ring) = ring_from_bytes(record, &source);
+    import(&ring, &fingerprint(record), &source, old_timeline, true)
+}
+
+/// Lists, as lost in the last failover waiting for it (or the one from
+/// `old_timeline`), the commits of `ring` past its switch point. A record
+/// already imported (same fingerprint) is refused, or when `again_ok`,
+/// answered with the count it gave.
+fn import(ring: &Ring, fp: &str, source: &str, old_timeline: Option<i32>, again_ok: bool) -> i64 {
     // SAFETY: reads the control data PostgreSQL keeps in shared memory.
     let system_id = unsafe { pg_sys::GetSystemIdentifier() };
     if ring.system_id() != system_id {
         error(
             PgSqlErrorCode::ERRCODE_INVALID_PARAMETER_VALUE,
-            format!("\"{path}\" is the record of another database system ({}; this one is {system_id})", ring.system_id()),
+            format!("{source} is the record of another database system ({}; this one is {system_id})", ring.system_id()),
             "Give the record of this server's old primary.",
         );
     }
+    let _lock = lock().unwrap_or_else(|e| {
+        error(PgSqlErrorCode::ERRCODE_IO_ERROR, format!("could not lock \"{FAILOVER_FILE}.lock\": {e}"), "")
+    });
     let mut failovers = read_failovers();
+    if let Some((id, _)) = failovers.records.iter().find(|(_, f)| f == fp) {
+        let event = failovers.events.iter().find(|e| e.id == *id);
+        let (old_tli, lost) = event.map_or((0, 0), |e| (e.old_tli, e.lost.unwrap_or(0)));
+        if again_ok {
+            return lost;
+        }
+        error(
+            PgSqlErrorCode::ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
+            format!("no failover on this server waits for {source}: it was imported for the failover from timeline {old_tli}"),
+            "SELECT * FROM delayed_durability_failovers shows the failovers recorded here.",
+        );
+    }
     let waiting = failovers.events.iter().filter(|e| e.lost.is_none()).count();
     if old_timeline.is_none() && waiting > 1 {
         error(
@@ -323,13 +420,13 @@ fn delayed_durability_import_failover_record(path: &str, old_timeline: default!(
     match newest {
         None => error(
             PgSqlErrorCode::ERRCODE_INVALID_PARAMETER_VALUE,
-            format!("\"{path}\" holds no acknowledged commit"),
+            format!("{source} holds no acknowledged commit"),
             "The old primary's record is formatted anew at each of its starts: take the file it had when it failed.",
         ),
         Some(newest) if newest <= event.switch && snapshot.summary.max_end <= event.switch => error(
             PgSqlErrorCode::ERRCODE_INVALID_PARAMETER_VALUE,
             format!(
-                "every acknowledged commit in \"{path}\" ends before the switch point {}: the record is older than the failover",
+                "every acknowledged commit in {source} ends before the switch point {}: the record is older than the failover",
                 lsn_text(event.switch)
             ),
             "Take the record the old primary had when it failed; if it acknowledged no delayed commit past the switch point, nothing was lost.",
@@ -346,10 +443,10 @@ fn delayed_durability_import_failover_record(path: &str, old_timeline: default!(
     let exact = !snapshot.incomplete && !snapshot.torn && summarized == 0 && !overwritten;
     event.lost = Some(lost.len() as i64);
     event.detail = if exact {
-        format!("exact: {} acknowledged delayed commits of the old primary were past the switch point (imported from \"{path}\")", lost.len())
+        format!("exact: {} acknowledged delayed commits of the old primary were past the switch point (imported from {source})", lost.len())
     } else {
         format!(
-            "{} listed; not exact: the old primary's record {} (imported from \"{path}\")",
+            "{} listed; not exact: the old primary's record {} (imported from {source})",
             lost.len(),
             if summarized > 0 {
                 format!("summarized up to {summarized} more")
@@ -363,10 +460,12 @@ fn delayed_durability_import_failover_record(path: &str, old_timeline: default!(
     let id = event.id;
     failovers.lost.retain(|(i, _)| *i != id);
     failovers.lost.extend(lost.iter().map(|a| (id, *a)));
+    failovers.records.retain(|(i, _)| *i != id);
+    failovers.records.push((id, fp.to_string()));
     write_failovers(&failovers).unwrap_or_else(|e| {
         error(PgSqlErrorCode::ERRCODE_IO_ERROR, format!("could not write \"{FAILOVER_FILE}\": {e}"), "")
     });
-    pgrx::log!("delayed_durability: {} acknowledged delayed commits lost in the failover listed from \"{path}\"", lost.len());
+    pgrx::log!("delayed_durability: {} acknowledged delayed commits lost in the failover listed from {source}", lost.len());
     lost.len() as i64
 }
 

@@ -12,6 +12,7 @@
 //! the flushed position, and all of them were acknowledged within one
 //! `max_loss_time` window.
 
+mod delivery;
 mod failover;
 mod report;
 mod ring;
@@ -38,6 +39,7 @@ pub fn define_gucs() {
     use crate::settings;
     standby_budget::define_guc();
     saved_record::define_guc();
+    delivery::define_guc();
     // SAFETY: the assign hooks raise nothing (they store an integer).
     unsafe {
         GucRegistry::define_int_guc_with_hooks(
@@ -262,10 +264,17 @@ pub fn lost_since(fxid: u64, end: u64, at: i64) -> Option<(bool, String)> {
 #[no_mangle]
 pub extern "C-unwind" fn delayed_durability_report_main(_arg: pg_sys::Datum) {
     use pgrx::bgworkers::BackgroundWorker;
-    BackgroundWorker::attach_signal_handlers(pgrx::bgworkers::SignalWakeFlags::SIGTERM);
+    use pgrx::bgworkers::SignalWakeFlags;
+    BackgroundWorker::attach_signal_handlers(SignalWakeFlags::SIGHUP | SignalWakeFlags::SIGTERM);
     let mut warned = false;
     while crate::flush::in_recovery() {
+        if BackgroundWorker::sighup_received() {
+            // SAFETY: the worker's main loop, outside any transaction, as
+            // PostgreSQL's own processes reload their configuration.
+            unsafe { pg_sys::ProcessConfigFile(pg_sys::GucContext::PGC_SIGHUP) };
+        }
         failover::sample_upstream();
+        delivery::tick();
         if let Err(e) = failover::follow_timeline() {
             if !std::mem::replace(&mut warned, true) {
                 pgrx::warning!("delayed_durability: could not note the timeline this standby follows: {e}");
@@ -278,6 +287,8 @@ pub extern "C-unwind" fn delayed_durability_report_main(_arg: pg_sys::Datum) {
     if let Err(e) = report::compare_pending() {
         pgrx::warning!("delayed_durability: could not compare the record of acknowledged delayed commits: {e}");
     }
+    // SAFETY: reads the control data PostgreSQL keeps in shared memory.
+    saved_record::retire_undelivered(unsafe { pg_sys::GetSystemIdentifier() }, crate::timeline::current());
     if let Err(e) = failover::note_timeline() {
         pgrx::warning!("delayed_durability: could not record the failover: {e}");
     }

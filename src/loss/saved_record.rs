@@ -85,7 +85,8 @@ pub(super) fn save(ring_file: &str, system_id: u64, entries: u64) {
     match copy_into(&dir, ring_file, system_id) {
         Ok(saved) => pgrx::log!(
             "delayed_durability: the record of the crashed run ({entries} entries) is saved in \"{}\"; if a standby \
-was promoted meanwhile, import it there with delayed_durability_import_failover_record()",
+was promoted meanwhile, this server delivers it there once it streams from it as a standby (or import it there with \
+delayed_durability_import_failover_record())",
             saved.display()
         ),
         Err(e) => pgrx::warning!(
@@ -95,14 +96,104 @@ was promoted meanwhile, import it there with delayed_durability_import_failover_
     }
 }
 
-fn copy_into(dir: &Path, ring_file: &str, system_id: u64) -> std::io::Result<PathBuf> {
+/// The start of the names of this node's saved records.
+fn node_prefix(system_id: u64) -> String {
     // Nodes of one database system share its id: the port tells them
-    // apart in a shared directory, the process id two starts of one node.
+    // apart in a shared directory (the process id, two starts of one node).
     // SAFETY: a plain read of a GUC variable set before shared_preload_libraries.
     let port = unsafe { pg_sys::PostPortNumber };
-    let prefix = format!("delayed_durability-{system_id}-p{port}-");
+    format!("delayed_durability-{system_id}-p{port}-")
+}
+
+/// What a saved record becomes once the new primary took it, or refused
+/// it, or once this server reported the crash itself (never delivered).
+pub(super) const DELIVERED: &str = ".commits.delivered";
+pub(super) const REFUSED: &str = ".commits.refused";
+pub(super) const REPORTED: &str = ".commits.reported";
+const ENDS: [&str; 4] = [".commits", DELIVERED, REFUSED, REPORTED];
+
+/// The newest timeline of the WAL segments in pg_wal, read before recovery
+/// (a promoted server writes a segment of its new timeline at once, long
+/// before pg_control's checkpoint names that timeline).
+fn crashed_timeline() -> Option<u32> {
+    std::fs::read_dir("pg_wal")
+        .ok()?
+        .flatten()
+        .filter_map(|e| {
+            let name = e.file_name().into_string().ok()?;
+            (name.len() == 24 && name.bytes().all(|b| b.is_ascii_hexdigit()))
+                .then(|| u32::from_str_radix(&name[..8], 16).ok())
+                .flatten()
+        })
+        .max()
+}
+
+/// The timeline a saved record's name gives (`-tl<N>.commits`), if any.
+pub(super) fn timeline_of(path: &Path) -> Option<u32> {
+    let name = path.file_name()?.to_str()?.strip_suffix(".commits")?;
+    name.rsplit_once("-tl")?.1.parse().ok()
+}
+
+/// This node's newest saved record not yet delivered, if the directory is
+/// set and usable; older ones are never delivered (the newest is the
+/// record of the last crash, the one a failover can have followed).
+pub(super) fn newest_undelivered(system_id: u64) -> Option<PathBuf> {
+    let dir = directory()?.ok()?;
+    let prefix = node_prefix(system_id);
+    let mut newest: Option<(std::time::SystemTime, PathBuf)> = None;
+    for entry in std::fs::read_dir(&dir).ok()?.flatten() {
+        let name = entry.file_name();
+        let Some(name) = name.to_str() else { continue };
+        if !name.starts_with(&prefix) || !ENDS.iter().any(|end| name.ends_with(end)) {
+            continue;
+        }
+        let Ok(modified) = entry.metadata().and_then(|m| m.modified()) else { continue };
+        if newest.as_ref().is_none_or(|(t, _)| modified > *t) {
+            newest = Some((modified, entry.path()));
+        }
+    }
+    newest.map(|(_, p)| p).filter(|p| p.extension().is_some_and(|e| e == "commits"))
+}
+
+/// Renames a saved record to say it was delivered, refused or reported
+/// here (`end`). Only the rename can fail; the directory's sync is tried.
+pub(super) fn mark(path: &Path, end: &str) -> std::io::Result<PathBuf> {
+    let name = path.file_name().and_then(|n| n.to_str()).unwrap_or_default();
+    let target = path.with_file_name(format!("{}{end}", name.trim_end_matches(".commits")));
+    std::fs::rename(path, &target)?;
+    if let Some(dir) = path.parent() {
+        let _ = std::fs::File::open(dir).and_then(|d| d.sync_all());
+    }
+    Ok(target)
+}
+
+/// On a server that finished recovery as a primary on `timeline`: its
+/// saved records not yet delivered that were written on that same
+/// timeline were of its own crashes, which it reports itself (no standby
+/// was promoted past them); none of them is delivered later, should it
+/// become a standby.
+pub(super) fn retire_undelivered(system_id: u64, timeline: u32) {
+    let Some(Ok(dir)) = directory() else { return };
+    let prefix = node_prefix(system_id);
+    let Ok(entries) = std::fs::read_dir(&dir) else { return };
+    for path in entries.flatten().map(|e| e.path()) {
+        let is_ours = path.file_name().and_then(|n| n.to_str()).is_some_and(|n| n.starts_with(&prefix) && n.ends_with(".commits"))
+            && timeline_of(&path) == Some(timeline);
+        if is_ours {
+            if let Err(e) = mark(&path, REPORTED) {
+                pgrx::warning!("delayed_durability: could not rename \"{}\": {e}", path.display());
+            }
+        }
+    }
+}
+
+fn copy_into(dir: &Path, ring_file: &str, system_id: u64) -> std::io::Result<PathBuf> {
+    let prefix = node_prefix(system_id);
     let secs = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs());
-    let target = dir.join(format!("{prefix}{secs}-{}.commits", std::process::id()));
+    // The timeline the crashed run wrote on: the delivery names it, so
+    // that the new primary attaches the record to the failover from it.
+    let timeline = crashed_timeline().map_or(String::new(), |t| format!("-tl{t}"));
+    let target = dir.join(format!("{prefix}{secs}-{}{timeline}.commits", std::process::id()));
     let partial = target.with_extension("partial");
     let copied = std::fs::copy(ring_file, &partial)
         .and_then(|_| std::fs::File::open(&partial)?.sync_all())
@@ -118,7 +209,9 @@ fn copy_into(dir: &Path, ring_file: &str, system_id: u64) -> std::io::Result<Pat
         .filter_map(|e| e.ok().map(|e| e.path()))
         .filter(|p| *p != target)
         .filter(|p| {
-            p.file_name().and_then(|n| n.to_str()).is_some_and(|n| n.starts_with(&prefix) && n.ends_with(".commits"))
+            p.file_name().and_then(|n| n.to_str()).is_some_and(|n| {
+                n.starts_with(&prefix) && ENDS.iter().any(|end| n.ends_with(end))
+            })
         })
         .filter_map(|p| Some((std::fs::metadata(&p).ok()?.modified().ok()?, p)))
         .collect();
