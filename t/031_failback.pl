@@ -143,6 +143,10 @@ sub judge_listed
 # it hears from A every second: A dies after it had time to.
 synchronous($node_a, 'fb_b');
 pause_wal_writer($node_a);
+# B samples what it hears once a second: let it sample before the commits,
+# so that a row quoting a stale sample would quote a position before the
+# last durable commit (and fail below).
+select(undef, undef, undef, 2.5);
 my @tail = commits($node_a, 1, 20, 6);
 my $flushed = lsn_to_int($node_a->safe_psql('postgres', 'SELECT pg_current_wal_flush_lsn()'));
 select(undef, undef, undef, 2.5);
