@@ -318,8 +318,13 @@ sub pause_wal_writer
 			usleep(2_000);
 		}
 		die "the WAL writer $pid did not stop" unless $stopped;
-		return $pid
-		  if $node->safe_psql('postgres', "SELECT wait_event FROM pg_stat_activity WHERE pid = $pid") eq 'WalWriterMain';
+		my $where = eval { $node->safe_psql('postgres', "SELECT wait_event FROM pg_stat_activity WHERE pid = $pid") };
+		if (!defined $where)
+		{
+			kill 'CONT', $pid;
+			die $@;
+		}
+		return $pid if $where eq 'WalWriterMain';
 		kill 'CONT', $pid;
 		usleep(20_000);
 	}

@@ -122,8 +122,8 @@ int
 dd_deliver_record(const char *conninfo, const char *record, int record_len, const char *sender,
 				  int32 old_timeline, int64 *lost, char *sqlstate, char *message, size_t message_size)
 {
-	const char *keywords[10];
-	const char *values[10];
+	const char *keywords[12];
+	const char *values[12];
 	int			n = 0;
 	PGconn	   *conn;
 	PGresult   *result;
@@ -153,6 +153,9 @@ dd_deliver_record(const char *conninfo, const char *record, int record_len, cons
 	values[n++] = "5";
 	keywords[n] = "keepalives_count";
 	values[n++] = "3";
+	/* Unacknowledged data (a large record to a peer gone mid-send). */
+	keywords[n] = "tcp_user_timeout";
+	values[n++] = "30000";
 	keywords[n] = "dbname";
 	if (conninfo != NULL)
 		values[n++] = conninfo;

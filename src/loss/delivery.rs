@@ -67,6 +67,8 @@ thread_local! {
     static NEXT_TRY: Cell<i64> = const { Cell::new(0) };
     /// "Nothing waits for it" answers for the record being delivered.
     static WAITING_ANSWERS: Cell<u32> = const { Cell::new(0) };
+    /// Which record those answers are about (a hash of its path).
+    static RECORD: Cell<u64> = const { Cell::new(0) };
     /// The last failure said at LOG (the same one is not repeated every 10 s).
     static SAID: Cell<u64> = const { Cell::new(0) };
 }
@@ -86,6 +88,11 @@ pub fn tick() {
     // SAFETY: reads the control data PostgreSQL keeps in shared memory.
     let system_id = unsafe { pg_sys::GetSystemIdentifier() };
     let Some(path) = saved_record::newest_undelivered(system_id) else { return };
+    // The count of "nothing waits" answers is the record's own.
+    let path_hash = path.to_string_lossy().bytes().fold(0xcbf29ce484222325u64, |h, b| (h ^ b as u64).wrapping_mul(0x100000001b3));
+    if RECORD.replace(path_hash) != path_hash {
+        WAITING_ANSWERS.set(0);
+    }
     let (mut end, mut tli) = (0u64, 0u32);
     // SAFETY: reads the WAL receiver's shared state under its spinlock; raises nothing.
     if !unsafe { dd_wal_receiver_streaming(&mut end, &mut tli) } {
@@ -151,9 +158,11 @@ pub fn tick() {
         ))
         }
         _ => match sqlstate.as_str() {
-            // Recovery in progress there, or no failover waits (yet: the
-            // promotion is noted within seconds; or it was imported).
-            "55000" => {
+            // No failover waits (yet: the promotion is noted within
+            // seconds; or it was imported). Other answers of this code
+            // (the server is itself a standby, the library is not
+            // preloaded there) are retried without counting.
+            "55000" if message.starts_with("no failover on this server waits") => {
                 let answers = WAITING_ANSWERS.get() + 1;
                 WAITING_ANSWERS.set(answers);
                 if answers >= PATIENCE {

@@ -180,8 +180,13 @@ pub(super) fn retire_undelivered(system_id: u64, timeline: u32) {
         let is_ours = path.file_name().and_then(|n| n.to_str()).is_some_and(|n| n.starts_with(&prefix) && n.ends_with(".commits"))
             && timeline_of(&path) == Some(timeline);
         if is_ours {
-            if let Err(e) = mark(&path, REPORTED) {
-                pgrx::warning!("delayed_durability: could not rename \"{}\": {e}", path.display());
+            match mark(&path, REPORTED) {
+                Ok(p) => pgrx::log!(
+                    "delayed_durability: this server reports its crash on timeline {timeline} itself: the record saved \
+then is not delivered (\"{}\"; if a standby was promoted from that timeline meanwhile, import it there by hand)",
+                    p.display()
+                ),
+                Err(e) => pgrx::warning!("delayed_durability: could not rename \"{}\": {e}", path.display()),
             }
         }
     }
