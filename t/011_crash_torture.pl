@@ -83,11 +83,15 @@ sub txn_sql
 # flush position read after the call tells the harness so.
 # The commit of that transaction (delayed in db_forced) is acknowledged too:
 # its receipt goes to the harness for the comparison with the crash report.
-# Its xid is printed before COMMIT, as for every other transaction: a crash
-# that cuts off the acknowledgement leaves a commit the crash report may
-# list and the harness can name (a client's last transaction).
-my $seq_sql = "BEGIN;\nSELECT 'xid ' || pg_current_xact_id();\n"
-  . "SELECT 'seq ' || cached_nextval('torture_seq') || ' ' || pg_current_wal_flush_lsn();\nCOMMIT;\n"
+# When the call wrote its block's recovery value the transaction has an
+# xid, printed before COMMIT as for every other transaction: a crash that
+# cuts off the acknowledgement leaves a commit the crash report may list
+# and the harness can name (a client's last transaction). When it wrote
+# nothing there is no xid (an empty line) and no commit record.
+# (No pg_current_xact_id(): an xid with no WAL of its own gets a commit
+# PostgreSQL itself does not flush.)
+my $seq_sql = "BEGIN;\nSELECT 'seq ' || cached_nextval('torture_seq') || ' ' || pg_current_wal_flush_lsn();\n"
+  . "SELECT 'xid ' || pg_current_xact_id_if_assigned();\nCOMMIT;\n"
   . "SELECT 'receipt ' || last_commit_lsn() || ' ' || is_durable(last_commit_lsn());\n";
 
 # A client's script: many transactions, each followed by an acknowledgement
@@ -289,8 +293,11 @@ for my $cycle (1 .. $cycles)
 			}
 			elsif (/^receipt (\S+) false$/)
 			{
-				# The cached_nextval() transaction committed, delayed in a
-				# forced database: a commit the crash report may rightly list.
+				# A cached_nextval() that wrote its block's recovery value
+				# (flushed) committed after it, delayed in a forced database:
+				# a commit the crash report may rightly list. (When the call
+				# wrote nothing, the receipt is the previous commit's, known
+				# already.)
 				$receipts{ lsn_to_int($1) } //= "$db/$client/seq";
 				delete $unacked_xid{$client};
 				undef $xid;
