@@ -28,6 +28,12 @@ $harness->callback(
 				push @{ $failed_tests{$file} }, $result->number . ' ' . ($result->description // '')
 				  if !$result->is_ok;
 			});
+		# A test helper repeats a die's message as a "# died: " comment.
+		$parser->callback(
+			comment => sub {
+				my $line = shift->as_string;
+				push @{ $last_words{$file} //= [] }, $line if $line =~ /^#\s*died: /;
+			});
 		$parser->callback(
 			unknown => sub {
 				my $line = shift->as_string;

@@ -121,7 +121,9 @@ push @handed, $out if $out =~ /^\d+$/;
 # written (the standby restarts its recovery); the standby is promoted and
 # the policy applies there.
 $primary->stop('immediate');
+my $standby_log = -s $standby->logfile;
 kill 'KILL', $walreceiver;
+$standby->wait_for_log(qr/all server processes terminated; reinitializing/, $standby_log);
 $standby->poll_query_until('postgres', 'SELECT pg_is_in_recovery()') or die 'standby did not come back';
 $standby->promote;
 # Promotion requests a checkpoint whose WAL would race with the checks below.

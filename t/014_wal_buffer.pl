@@ -206,6 +206,9 @@ my $victim = $node->safe_psql('postgres', "SELECT pid FROM pg_stat_activity WHER
 $trace = start_fsync_trace($node);
 my $postmaster = (split /\n/, slurp_file($node->data_dir . '/postmaster.pid'))[0];
 kill 'KILL', $victim;
+# A connection accepted before the postmaster saw the death would stop the
+# trace before the restore.
+$node->wait_for_log(qr/all server processes terminated; reinitializing/, $log_start);
 $node->poll_query_until('postgres', 'SELECT true') or die 'no reconnection after the crash';
 stop_fsync_trace($trace);
 my $restore_writes = () = slurp_file($trace->{file}) =~ /^$postmaster\s+pwrite64\(\d+<[^>]*\/pg_wal\/[0-9A-F]{24}>/mg;

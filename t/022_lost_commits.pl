@@ -127,6 +127,8 @@ my $since = now();
 my $log_offset = -s $node->logfile;
 my $walwriter = $node->safe_psql('postgres', q{SELECT pid FROM pg_stat_activity WHERE backend_type = 'walwriter'});
 kill 'KILL', $walwriter;
+# A connection accepted before the postmaster saw the death would prove nothing.
+$node->wait_for_log(qr/all server processes terminated; reinitializing/, $log_offset);
 $node->poll_query_until('postgres', 'SELECT 1', '1') or die 'no restart';
 wait_for_report($since);
 my %present = present_xids();

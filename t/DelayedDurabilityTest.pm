@@ -12,6 +12,33 @@ use Test::More;
 use IPC::Run;
 use Time::HiRes qw(usleep);
 
+# A test that dies says why only in its log file (the framework sends
+# STDERR there), and CI shows only the TAP stream: repeat the reason there.
+# Not inside an eval (handled there) nor while compiling.
+$SIG{__DIE__} = sub {
+	return if !defined $^S || $^S;
+	Test::More::diag('died: ' . join('', @_));
+};
+
+# poll_query_until() writes its query to psql's standard input. A psql
+# that could not connect (a server in the middle of a crash restart) may
+# exit before reading it, and IPC::Run then dies of the broken pipe instead
+# of the poll trying again. Tests poll through crash restarts: retry those.
+{
+	no warnings 'redefine';
+	my $framework_poll = \&PostgreSQL::Test::Cluster::poll_query_until;
+	*PostgreSQL::Test::Cluster::poll_query_until = sub {
+		for (1 .. 100)
+		{
+			my $result = eval { $framework_poll->(@_) };
+			return $result unless $@;
+			die $@ unless $@ =~ /Broken pipe/;
+			usleep(100_000);
+		}
+		die 'poll_query_until: psql kept exiting before reading its query';
+	};
+}
+
 our @EXPORT = qw(new_dd_node commits_with_check count_true rows_in lsn_to_int
   kill_everything zero_wal_after settle_wal_writer pg_wal_digest power_cut
   start_fsync_trace stop_fsync_trace zero_unsynced_wal pause_wal_writer resume_wal_writer
