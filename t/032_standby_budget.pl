@@ -1,8 +1,10 @@
-# The byte loss budget kept against a standby (budget_standby_slot): after
+# The loss budget kept against a standby (budget_standby_slot): after
 # every delayed commit, the standby of the slot has confirmed WAL up to
 # max_loss_bytes before its commit record (judged by PostgreSQL's own
 # pg_replication_slots); without the setting, a stalled standby falls
-# behind unbounded (the control); a wait ends on cancel with a WARNING, the
+# behind unbounded (the control); under max_loss_time, a commit made when
+# the standby lacks an older acknowledged commit waits for it; a wait ends
+# on cancel with a WARNING, the
 # commit standing; with nothing streaming from the slot, commits fall back
 # to the local bound, counted and logged; a failover then loses only
 # commits within the budget past the switch point, judged by the rows.
@@ -18,7 +20,9 @@ use DelayedDurabilityTest;
 my $budget = 8192;
 # wal_sender_timeout = 0: a standby whose WAL receiver is stopped stays
 # connected (streaming) however long a check takes.
-my $primary = new_dd_node('sb_primary', init => { allows_streaming => 1 }, conf => "wal_sender_timeout = 0\n");
+# A record of 64 acknowledgements, so that a stalled standby outlasts it.
+my $primary = new_dd_node('sb_primary', init => { allows_streaming => 1 },
+	conf => "wal_sender_timeout = 0\ndelayed_durability.lost_commits_ring_size = 64\n");
 $primary->safe_psql('postgres', q{
 ALTER DATABASE postgres SET delayed_durability.mode = 'forced';
 CREATE TABLE t (k int PRIMARY KEY, pad text);
@@ -101,6 +105,95 @@ is($primary->safe_psql('postgres', 'SELECT count(*) FROM t WHERE k BETWEEN 5001 
 is($after{canceled} - $before{canceled}, 1, 'counted as canceled');
 kill 'CONT', $receiver;
 $primary->wait_for_catchup($standby);
+
+# ---- the time budget against the standby: a delayed commit made when the
+# oldest acknowledged commit the standby has not confirmed (judged by
+# pg_replication_slots) is max_loss_time old waits for the standby.
+$primary->safe_psql('postgres', q{
+ALTER SYSTEM SET delayed_durability.max_loss_bytes = 0;
+ALTER SYSTEM SET delayed_durability.max_loss_time = '1s';
+SELECT pg_reload_conf();
+SELECT flush_log();
+});
+$primary->poll_query_until('postgres', "SELECT current_setting('delayed_durability.max_loss_time') = '1s'") or die;
+$primary->wait_for_catchup($standby);
+%before = budget_state();
+$receiver = walreceiver_pid();
+kill 'STOP', $receiver;
+my $young = $primary->safe_psql('postgres', "INSERT INTO t VALUES (6001, 'young'); SELECT last_commit_lsn()", timeout => 60);
+is($primary->safe_psql('postgres', "SELECT restart_lsn < '$young' FROM pg_replication_slots WHERE slot_name = 'sb'"), 't',
+	'time budget: a delayed commit the stalled standby lacks returned at once (its own age is 0)');
+# Flushed here: only the standby lacks it (the local time budget's scan
+# of the record passes it by).
+$primary->safe_psql('postgres', 'SELECT flush_log()');
+is($primary->safe_psql('postgres', "SELECT pg_current_wal_flush_lsn() >= '$young'"), 't',
+	'time budget: that commit is flushed here');
+usleep(1_500_000);
+($out, $err) = ('', '');
+$h = IPC::Run::start([ 'psql', '-X', '-d', $primary->connstr('postgres'), '-c', "INSERT INTO t VALUES (6002, 'old enough')" ],
+	'>', \$out, '2>', \$err);
+$waiting = $primary->poll_query_until('postgres',
+	"SELECT count(*) = 1 FROM pg_stat_activity WHERE query LIKE 'INSERT INTO t VALUES (6002%' AND wait_event_type = 'Extension'");
+ok($waiting, 'time budget: a commit made when the standby lacks one acknowledged 1.5 s ago waits for the standby');
+$h->pump_nb;
+is($out, '', '... and its client has not heard of it');
+is($primary->safe_psql('postgres', "SELECT restart_lsn < '$young' FROM pg_replication_slots WHERE slot_name = 'sb'"), 't',
+	'... while the standby has still not confirmed the older commit');
+kill 'CONT', $receiver;
+$h->finish;
+like($out, qr/INSERT 0 1/, 'time budget: the commit returns once the standby confirmed it');
+is($primary->safe_psql('postgres', "SELECT restart_lsn >= '$young' FROM pg_replication_slots WHERE slot_name = 'sb'"), 't',
+	'... the older one included');
+%after = budget_state();
+is($after{waited} - $before{waited}, 1, 'time budget: one commit waited');
+
+# ---- the record went round (64 entries) while the standby was stalled:
+# the commit it lacks for longest is no longer in the record, yet its age
+# still counts; the commits in between, from three sessions at once, do
+# not wait for want of it.
+$primary->safe_psql('postgres', 'SELECT flush_log()');
+$primary->wait_for_catchup($standby);
+$primary->safe_psql('postgres', "ALTER SYSTEM SET delayed_durability.max_loss_time = '10s'; SELECT pg_reload_conf()");
+$primary->poll_query_until('postgres', "SELECT current_setting('delayed_durability.max_loss_time') = '10s'") or die;
+%before = budget_state();
+$receiver = walreceiver_pid();
+kill 'STOP', $receiver;
+$young = $primary->safe_psql('postgres', "INSERT INTO t VALUES (6101, 'oldest'); SELECT last_commit_lsn()", timeout => 60);
+# After its acknowledgement: its age at the check below is at least the
+# time measured from here.
+my $started = Time::HiRes::time();
+# Flushed here, so that only the standby lacks it: the record's summary of
+# overwritten entries keeps only those unflushed here.
+$primary->safe_psql('postgres', 'SELECT flush_log()');
+# The commits in between are then at most 7.5 s old at the check: alone,
+# they would not make it wait.
+usleep(3_000_000);
+my @lappers = map {
+	my $first = 6201 + 40 * $_;
+	# One transaction per line (a -c string would be one transaction).
+	my $lines = join('', map { "INSERT INTO t VALUES ($_, 'lap');\n" } $first .. $first + 39);
+	IPC::Run::start([ 'psql', '-X', '-q', '-d', $primary->connstr('postgres'), '-v', 'ON_ERROR_STOP=1' ],
+		'<', \$lines, '>', \my $lap_out, '2>', \my $lap_err, IPC::Run::timeout(60))
+} 0 .. 2;
+$_->finish for @lappers;
+is($primary->safe_psql('postgres', "SELECT count(*) FROM t WHERE k BETWEEN 6201 AND 6320"), '120',
+	'ring overwritten: 120 delayed commits after it, from three sessions at once, returned without waiting');
+usleep(int(max_of(0, 10.5 - (Time::HiRes::time() - $started)) * 1_000_000));
+($out, $err) = ('', '');
+$h = IPC::Run::start([ 'psql', '-X', '-d', $primary->connstr('postgres'), '-c', "INSERT INTO t VALUES (6400, 'after the lap')" ],
+	'>', \$out, '2>', \$err);
+$waiting = $primary->poll_query_until('postgres',
+	"SELECT count(*) = 1 FROM pg_stat_activity WHERE query LIKE 'INSERT INTO t VALUES (6400%' AND wait_event_type = 'Extension'");
+ok($waiting, 'ring overwritten: a commit made 10.5 s after the oldest commit the standby lacks waits, though that one left the record');
+is($primary->safe_psql('postgres', "SELECT restart_lsn < '$young' FROM pg_replication_slots WHERE slot_name = 'sb'"), 't',
+	'... while the standby still lacks it');
+kill 'CONT', $receiver;
+$h->finish;
+like($out, qr/INSERT 0 1/, '... and returns once the standby confirmed it');
+%after = budget_state();
+is($after{waited} - $before{waited}, 1, 'ring overwritten: only that commit waited');
+$primary->safe_psql('postgres', "ALTER SYSTEM SET delayed_durability.max_loss_bytes = '${budget}B'; ALTER SYSTEM RESET delayed_durability.max_loss_time; SELECT pg_reload_conf()");
+$primary->poll_query_until('postgres', "SELECT current_setting('delayed_durability.max_loss_time') = '0'") or die;
 
 # ---- nothing streams from the slot: no wait, the local bound, counted.
 $standby->stop;

@@ -21,17 +21,20 @@
  * The flush position the standby streaming from the physical slot `name`
  * last confirmed (a physical slot's restart_lsn follows the flush position
  * in its standby's replies), and whether a WAL sender streams from it now
- * (connected and caught up: in the streaming state).
+ * (connected and caught up: in the streaming state), and the pid of the
+ * WAL sender using it (0 when none), which tells one connection of a
+ * standby from the next.
  * False when there is no physical slot of that name.
  */
 bool
-dd_slot_confirmed_flush(const char *name, XLogRecPtr *flush, bool *active)
+dd_slot_confirmed_flush(const char *name, XLogRecPtr *flush, bool *active, int *sender_pid)
 {
 	bool		found = false;
 	int			sender = 0;
 
 	*flush = InvalidXLogRecPtr;
 	*active = false;
+	*sender_pid = 0;
 	if (max_replication_slots <= 0 || ReplicationSlotCtl == NULL)
 		return false;
 	LWLockAcquire(ReplicationSlotControlLock, LW_SHARED);
@@ -52,6 +55,7 @@ dd_slot_confirmed_flush(const char *name, XLogRecPtr *flush, bool *active)
 		break;
 	}
 	LWLockRelease(ReplicationSlotControlLock);
+	*sender_pid = sender;
 	/*
 	 * Streaming, not merely connected: a standby catching up after an
 	 * outage confirms positions far behind, and waiting for it would hold
@@ -88,9 +92,10 @@ dd_wait_slot_flush(const char *name, XLogRecPtr target, uint32 wait_event_info)
 	{
 		XLogRecPtr	flush;
 		bool		active;
+		int			sender;
 		int			rc;
 
-		if (!dd_slot_confirmed_flush(name, &flush, &active) || !active)
+		if (!dd_slot_confirmed_flush(name, &flush, &active, &sender) || !active)
 			return 1;
 		if (flush >= target)
 			return 0;

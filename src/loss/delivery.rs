@@ -89,7 +89,7 @@ pub fn tick() {
     let system_id = unsafe { pg_sys::GetSystemIdentifier() };
     let Some(path) = saved_record::newest_undelivered(system_id) else { return };
     // The count of "nothing waits" answers is the record's own.
-    let path_hash = path.to_string_lossy().bytes().fold(0xcbf29ce484222325u64, |h, b| (h ^ b as u64).wrapping_mul(0x100000001b3));
+    let path_hash = super::fnv1a(path.as_os_str().as_encoded_bytes());
     if RECORD.replace(path_hash) != path_hash {
         WAITING_ANSWERS.set(0);
     }
@@ -188,7 +188,7 @@ pub fn tick() {
 
 /// Says `text` at LOG unless it was the last thing said.
 fn say_once(text: String) {
-    let hash = text.bytes().fold(0xcbf29ce484222325u64, |h, b| (h ^ b as u64).wrapping_mul(0x100000001b3));
+    let hash = super::fnv1a(text.as_bytes());
     if SAID.replace(hash) != hash {
         pgrx::log!("delayed_durability: {text}");
     }

@@ -59,8 +59,7 @@ fn lock() -> std::io::Result<std::fs::File> {
 
 /// FNV-1a of a record's bytes: tells a record delivered again from a new one.
 fn fingerprint(bytes: &[u8]) -> String {
-    let hash = bytes.iter().fold(0xcbf29ce484222325u64, |h, &b| (h ^ b as u64).wrapping_mul(0x100000001b3));
-    format!("{hash:016x}")
+    format!("{:016x}", super::fnv1a(bytes))
 }
 
 fn read_failovers() -> Failovers {

@@ -138,8 +138,23 @@ pub fn acknowledge(commit_end: u64) -> bool {
     let flushed = keep_local_budget(commit_end);
     // Then against the standby, if one is named: its wait needs the WAL
     // flushed here first, which the local budget may already have done.
-    let waited = standby_budget::keep(commit_end, crate::guc::read(&MAX_LOSS_BYTES) as u64);
+    let waited = keep_standby_budget(commit_end);
     flushed || waited
+}
+
+/// The byte and time budgets against the standby of budget_standby_slot.
+fn keep_standby_budget(commit_end: u64) -> bool {
+    let max_bytes = crate::guc::read(&MAX_LOSS_BYTES) as u64;
+    let max_time_us = crate::guc::read(&MAX_LOSS_TIME) as i64 * 1000;
+    // Whether the oldest acknowledged commit the standby has not confirmed
+    // is max_loss_time old. Without a record of acknowledgements the age is
+    // unknown: only a wait keeps the budget.
+    let over_time = |confirmed: u64, place: &mut ring::ScanPlace| -> bool {
+        let Some(r) = ring() else { return true };
+        let now = now();
+        r.oldest_past(confirmed, now, place).is_some_and(|t| now.saturating_sub(t) >= max_time_us)
+    };
+    standby_budget::keep(commit_end, max_bytes, (max_time_us > 0).then_some(&over_time as &dyn Fn(u64, &mut ring::ScanPlace) -> bool))
 }
 
 /// The budget against this server's own flush position, and the record.
@@ -199,10 +214,12 @@ fn keep_local_budget(commit_end: u64) -> bool {
 /// it yet, so the record of acknowledgements keeps it for a failover, and
 /// the budget against a standby applies. Returns true when it waited.
 pub fn record_flushed_acknowledgement(commit_end: u64) -> bool {
-    if let Some(r) = ring().filter(|_| crate::guc::read(&TRACK_LOST_COMMITS)) {
-        record_in(r, commit_end, false);
+    // The time budget against a standby needs it as the local one does.
+    let time_budget = crate::guc::read(&MAX_LOSS_TIME) > 0;
+    if let Some(r) = ring().filter(|_| crate::guc::read(&TRACK_LOST_COMMITS) || time_budget) {
+        record_in(r, commit_end, time_budget);
     }
-    standby_budget::keep(commit_end, crate::guc::read(&MAX_LOSS_BYTES) as u64)
+    keep_standby_budget(commit_end)
 }
 
 /// Records this transaction's acknowledgement; returns its time. Under a
@@ -222,6 +239,11 @@ fn record_in(r: Ring, commit_end: u64, time_budget: bool) -> i64 {
     // SAFETY: called at XACT_EVENT_COMMIT, after RecordTransactionCommit.
     let commit_time = || unsafe { crate::nothrow::GetCurrentTransactionStopTimestamp() };
     r.record(commit_end, fxid, datid, commit_time, flush_end)
+}
+
+/// FNV-1a: a cheap, stable 64-bit hash (record fingerprints, names).
+fn fnv1a(bytes: &[u8]) -> u64 {
+    bytes.iter().fold(0xcbf29ce484222325u64, |h, &b| (h ^ b as u64).wrapping_mul(0x100000001b3))
 }
 
 fn flush_for_budget(commit_end: u64) -> bool {

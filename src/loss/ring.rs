@@ -400,10 +400,60 @@ impl Ring {
     /// so the cost is the entries flushed since then, plus one.
     pub fn oldest_unflushed(&self, flushed: u64, now: i64) -> Option<i64> {
         let h = self.header();
-        let next = h.next_claim.0.load(Ordering::Acquire);
-        let mut claim = h.scan_from.0.load(Ordering::Relaxed).max(next.saturating_sub(self.capacity));
-        let mut oldest = None;
-        while claim < next {
+        let scan = self.first_past(flushed, now, h.scan_from.0.load(Ordering::Relaxed));
+        h.scan_from.0.fetch_max(scan.claim, Ordering::Relaxed);
+        self.with_summary(scan.found.map(|(time, _)| time), flushed)
+    }
+
+    /// When the oldest acknowledged commit ending past `confirmed` (a
+    /// standby's flush position) was acknowledged, for the time budget kept
+    /// against that standby; None when there is none. `place` is where the
+    /// last such scan stopped, moved on: the entry it stopped at may since
+    /// have been overwritten (the summary keeps only those unflushed here),
+    /// and so may the ones after it, before or while this scan reads them.
+    /// Entries it could not read count as acknowledged no earlier than the
+    /// place says. A confirmed entry says the ones claimed before it are
+    /// confirmed too: claim order is commit order, but for commits a few
+    /// microseconds apart (a process descheduled between its commit record
+    /// and its claim).
+    pub fn oldest_past(&self, confirmed: u64, now: i64, place: &mut ScanPlace) -> Option<i64> {
+        // The entry the place stopped at is confirmed: so is every one
+        // before it, and those after it came later.
+        let from = if confirmed >= place.end {
+            ScanPlace { oldest: i64::MAX, unread_since: place.own_time, ..*place }
+        } else {
+            *place
+        };
+        let scan = self.first_past(confirmed, now, from.claim);
+        let unread_bound = match scan.last_confirmed_time {
+            Some(t) => t,
+            None => from.oldest.min(from.unread_since),
+        };
+        let carried = match (scan.unread, scan.last_confirmed_time) {
+            (true, _) => unread_bound,
+            (false, Some(_)) => i64::MAX,
+            (false, None) => from.oldest,
+        };
+        let found = scan.found.map(|(t, _)| t.min(carried));
+        *place = match scan.found {
+            Some((own_time, end)) => {
+                let answer = own_time.min(carried);
+                ScanPlace { claim: scan.claim, oldest: answer, unread_since: answer, end, own_time }
+            }
+            // Entries claimed from now on are acknowledged now or later.
+            None => ScanPlace { claim: scan.claim, oldest: i64::MAX, unread_since: now, end: 0, own_time: now },
+        };
+        self.with_summary(found, confirmed)
+    }
+
+    /// The first entry from claim `from` on (or the oldest kept) that ends
+    /// past `lsn`.
+    fn first_past(&self, lsn: u64, now: i64, from: u64) -> Scan {
+        let next = self.header().next_claim.0.load(Ordering::Acquire);
+        let start = from.max(next.saturating_sub(self.capacity));
+        let mut scan = Scan { found: None, claim: start, unread: from < start, last_confirmed_time: None };
+        while scan.claim < next {
+            let claim = scan.claim;
             let e = self.entry(claim);
             let seq = e.seq.load(Ordering::Acquire);
             if seq == claim + 1 {
@@ -412,25 +462,84 @@ impl Ring {
                 // Pairs with record()'s fence(Release) after the WRITING
                 // mark: fields of a later rewrite imply a changed word here.
                 fence(Ordering::Acquire);
-                if e.seq.load(Ordering::Relaxed) == claim + 1 && end > flushed {
-                    oldest = Some(time);
-                    break;
+                if e.seq.load(Ordering::Relaxed) == claim + 1 {
+                    if end > lsn {
+                        scan.found = Some((time, end));
+                        return scan;
+                    }
+                    scan.unread = false;
+                    scan.last_confirmed_time = Some(time);
+                } else {
+                    scan.unread = true;
                 }
             } else if seq == 0 || seq == WRITING || seq < claim + 1 {
-                // Claimed and being written: acknowledged now.
-                oldest = Some(now);
-                break;
+                // Claimed and being written: acknowledged now, its end
+                // not known yet.
+                scan.found = Some((now, u64::MAX));
+                return scan;
+            } else {
+                // Lapped by a later claim (summarized if unflushed here).
+                scan.unread = true;
             }
-            // Flushed, or lapped by a later claim (summarized if unflushed).
-            claim += 1;
+            scan.claim += 1;
         }
-        h.scan_from.0.fetch_max(claim, Ordering::Relaxed);
+        scan
+    }
+
+    /// `oldest`, or the summary's oldest time if overwritten entries it
+    /// summarizes end past `lsn`.
+    fn with_summary(&self, oldest: Option<i64>, lsn: u64) -> Option<i64> {
         let s = self.summary();
-        if s.count > 0 && s.max_end > flushed {
-            oldest = Some(oldest.map_or(s.min_time, |t: i64| t.min(s.min_time)));
+        if s.count > 0 && s.max_end > lsn {
+            return Some(oldest.map_or(s.min_time, |t: i64| t.min(s.min_time)));
         }
         oldest
     }
+}
+
+/// Where a scan of the record for a standby's time budget stopped: every
+/// entry claimed before `claim` ends at or below a position the standby
+/// confirmed. `oldest`: no unconfirmed entry from `claim` on was
+/// acknowledged before it (i64::MAX: none known); `unread_since`: nor one
+/// the next scan cannot read, overwritten first (i64::MIN: unknown, older
+/// than any budget). `end` and `own_time`: the entry at `claim`, once the
+/// standby confirmed it (u64::MAX: not known).
+#[derive(Clone, Copy)]
+pub struct ScanPlace {
+    pub claim: u64,
+    pub oldest: i64,
+    pub unread_since: i64,
+    pub end: u64,
+    pub own_time: i64,
+}
+
+impl ScanPlace {
+    pub const UNKNOWN: ScanPlace =
+        ScanPlace { claim: 0, oldest: i64::MAX, unread_since: i64::MIN, end: u64::MAX, own_time: i64::MIN };
+
+    /// The more careful of two places at the same claim.
+    pub fn merge(self, other: ScanPlace) -> ScanPlace {
+        ScanPlace {
+            claim: self.claim,
+            oldest: self.oldest.min(other.oldest),
+            unread_since: self.unread_since.min(other.unread_since),
+            end: self.end.max(other.end),
+            own_time: self.own_time.min(other.own_time),
+        }
+    }
+}
+
+struct Scan {
+    /// The first entry past the position: when it was acknowledged, and
+    /// where its commit record ends.
+    found: Option<(i64, u64)>,
+    /// That entry's claim, or the next claim when none was found.
+    claim: u64,
+    /// Whether entries it could not read (overwritten) come after the last
+    /// confirmed one it read, or from its start when it read none.
+    unread: bool,
+    /// When the last confirmed entry it read was acknowledged.
+    last_confirmed_time: Option<i64>,
 }
 
 impl Snapshot {
@@ -573,6 +682,43 @@ mod tests {
         assert_eq!(ring.acknowledged_after(350), (3, Some(4)));
         assert_eq!(ring.acknowledged_after(0), (6, Some(1)));
         assert_eq!(ring.acknowledged_after(600), (0, None));
+    }
+
+    #[test]
+    fn oldest_past_a_standby_position() {
+        let (ring, _m) = anonymous(4);
+        let mut place = ScanPlace::UNKNOWN;
+        // A fresh ring: nothing unread, the first entry's own age.
+        ring.record_at(100, 10, 1000);
+        assert_eq!(ring.oldest_past(0, 99, &mut place), Some(10));
+        // Confirmed: none; an idle hour later a commit's own age counts.
+        assert_eq!(ring.oldest_past(100, 99, &mut place), None);
+        ring.record_at(200, 5000, 1000);
+        assert_eq!(ring.oldest_past(100, 5001, &mut place), Some(5000));
+        // Two scans from the same place, no claim between: the age stays.
+        assert_eq!(ring.oldest_past(100, 5002, &mut place), Some(5000));
+        // Lapped while the standby lacks 200 (flushed here: no summary).
+        for i in 3..=8u64 {
+            ring.record_at(i * 100, 5000 + i as i64, 1000);
+        }
+        assert_eq!(ring.summary().count, 0);
+        assert_eq!(ring.oldest_past(100, 6000, &mut place), Some(5000), "the age outlives the entry");
+        assert_eq!(ring.oldest_past(100, 6001, &mut place), Some(5000), "and stays with the place");
+        // The standby confirmed the entry the place stopped at (500, now
+        // overwritten too): the age carried goes, that entry's own bounds
+        // what could not be read.
+        for i in 9..=12u64 {
+            ring.record_at(i * 100, 5000 + i as i64, 1000);
+        }
+        assert_eq!(ring.oldest_past(850, 6002, &mut place), Some(5005));
+        // A confirmed entry read: what came before it is confirmed.
+        assert_eq!(ring.oldest_past(1000, 6003, &mut place), Some(5011));
+        // A fresh place on a ring that went round: unknown, unless a
+        // confirmed entry is read first.
+        let mut fresh = ScanPlace::UNKNOWN;
+        assert_eq!(ring.oldest_past(850, 6004, &mut fresh), Some(i64::MIN));
+        let mut fresh = ScanPlace::UNKNOWN;
+        assert_eq!(ring.oldest_past(1000, 6005, &mut fresh), Some(5011));
     }
 
     #[test]
