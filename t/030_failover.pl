@@ -36,12 +36,6 @@ sub commit_with_receipts
 	return map { /^(\d+) (\S+)$/ ? ($1 => $2) : () } split /\n/, $out;
 }
 
-sub walreceiver_pid
-{
-	my $pid = $standby->safe_psql('postgres', "SELECT pid FROM pg_stat_activity WHERE backend_type = 'walreceiver'");
-	die 'no walreceiver' unless $pid =~ /^\d+$/;
-	return $pid;
-}
 
 # ---- exposure: with the standby's WAL receiver stopped (SIGSTOP) its
 # connection stays listed with the flush position it last reported.
@@ -49,8 +43,7 @@ my %receipt = commit_with_receipts($primary, 1, 5);
 # A WAL sender sends only flushed WAL: flush it, then wait for the standby.
 $primary->safe_psql('postgres', 'SELECT flush_log()');
 $primary->wait_for_catchup($standby);
-my $receiver = walreceiver_pid();
-kill 'STOP', $receiver;
+my $receiver = pause_wal_receiver($standby);
 my %exposed = commit_with_receipts($primary, 51, 56);
 my ($count, $flush_lsn, $bytes, $aged) = split /\|/, $primary->safe_psql('postgres',
 	"SELECT delayed_commits, flush_lsn, wal_bytes > 0, oldest_commit_age > interval '0' FROM delayed_durability_standby_exposure WHERE application_name = 'fo_standby'",

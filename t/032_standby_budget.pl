@@ -37,12 +37,6 @@ $standby->start;
 $primary->wait_for_catchup($standby);
 $primary->safe_psql('postgres', "ALTER SYSTEM SET delayed_durability.max_loss_bytes = '${budget}B'; SELECT pg_reload_conf()");
 
-sub walreceiver_pid
-{
-	my $pid = $standby->safe_psql('postgres', "SELECT pid FROM pg_stat_activity WHERE backend_type = 'walreceiver'");
-	die 'no walreceiver' unless $pid =~ /^\d+$/;
-	return $pid;
-}
 
 sub budget_state
 {
@@ -67,8 +61,7 @@ sub gaps
 sub max_of { my $m = -1e18; $m = $_ > $m ? $_ : $m for @_; return $m }
 
 # ---- control: the local budget alone does not bound a stalled standby.
-my $receiver = walreceiver_pid();
-kill 'STOP', $receiver;
+my $receiver = pause_wal_receiver($standby);
 my @control = gaps(1, 200);
 kill 'CONT', $receiver;
 cmp_ok(max_of(@control), '>', 4 * $budget, 'control: without budget_standby_slot, a stalled standby falls far behind (' . max_of(@control) . ' bytes)');
@@ -88,8 +81,7 @@ is($after{fallen} - $before{fallen}, 0, 'none fell back while it streamed');
 ok($primary->log_contains(qr/the loss budget is kept against the standby of replication slot "sb"/), 'logged');
 
 # ---- a wait ends on cancel; the commit stands.
-$receiver = walreceiver_pid();
-kill 'STOP', $receiver;
+$receiver = pause_wal_receiver($standby);
 my ($out, $err) = ('', '');
 my $h = IPC::Run::start([ 'psql', '-X', '-d', $primary->connstr('postgres'), '-c',
 	"INSERT INTO t SELECT g, repeat('y', 200) FROM generate_series(5001, 5100) AS g" ], '>', \$out, '2>', \$err);
@@ -118,8 +110,7 @@ SELECT flush_log();
 $primary->poll_query_until('postgres', "SELECT current_setting('delayed_durability.max_loss_time') = '1s'") or die;
 $primary->wait_for_catchup($standby);
 %before = budget_state();
-$receiver = walreceiver_pid();
-kill 'STOP', $receiver;
+$receiver = pause_wal_receiver($standby);
 my $young = $primary->safe_psql('postgres', "INSERT INTO t VALUES (6001, 'young'); SELECT last_commit_lsn()", timeout => 60);
 is($primary->safe_psql('postgres', "SELECT restart_lsn < '$young' FROM pg_replication_slots WHERE slot_name = 'sb'"), 't',
 	'time budget: a delayed commit the stalled standby lacks returned at once (its own age is 0)');
@@ -156,8 +147,7 @@ $primary->wait_for_catchup($standby);
 $primary->safe_psql('postgres', "ALTER SYSTEM SET delayed_durability.max_loss_time = '10s'; SELECT pg_reload_conf()");
 $primary->poll_query_until('postgres', "SELECT current_setting('delayed_durability.max_loss_time') = '10s'") or die;
 %before = budget_state();
-$receiver = walreceiver_pid();
-kill 'STOP', $receiver;
+$receiver = pause_wal_receiver($standby);
 $young = $primary->safe_psql('postgres', "INSERT INTO t VALUES (6101, 'oldest'); SELECT last_commit_lsn()", timeout => 60);
 # After its acknowledgement: its age at the check below is at least the
 # time measured from here.

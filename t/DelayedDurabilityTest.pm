@@ -41,7 +41,7 @@ $SIG{__DIE__} = sub {
 
 our @EXPORT = qw(new_dd_node commits_with_check count_true rows_in lsn_to_int
   kill_everything zero_wal_after settle_wal_writer pg_wal_digest power_cut
-  start_fsync_trace stop_fsync_trace zero_unsynced_wal pause_wal_writer resume_wal_writer
+  start_fsync_trace stop_fsync_trace zero_unsynced_wal pause_wal_writer resume_wal_writer pause_wal_receiver
   xids_from_notices wal_valid_end commit_ends);
 
 # fsync is on (the test framework turns it off by default): WAL fsyncs are
@@ -326,13 +326,30 @@ sub zero_unsynced_wal
 sub pause_wal_writer
 {
 	my ($node) = @_;
-	my $pid = $node->safe_psql('postgres', "SELECT pid FROM pg_stat_activity WHERE backend_type = 'walwriter'");
-	die 'no WAL writer' unless $pid =~ /^\d+$/;
 	# Stopped in its sleep only: stopped while it flushes, it would keep
 	# WALWriteLock, and every backend that flushes would wait for it for
-	# ever. Its wait event, read live from shared memory once it is
-	# stopped, says where it is; anywhere else it is let go and stopped
-	# again a moment later.
+	# ever.
+	return pause_in_sleep($node, 'walwriter', 'WalWriterMain');
+}
+
+# The WAL receiver of a standby, stopped while it waits for WAL (stopped
+# elsewhere it could hold its shared state's spinlock, which the startup
+# process and the report worker read). Returns its pid, for kill 'CONT'.
+sub pause_wal_receiver
+{
+	my ($standby) = @_;
+	return pause_in_sleep($standby, 'walreceiver', 'WalReceiverMain');
+}
+
+# SIGSTOPs the server process of $backend_type while its wait event is
+# $sleep. Its wait event, read live from shared memory once it is stopped,
+# says where it is; anywhere else it is let go and stopped again a moment
+# later.
+sub pause_in_sleep
+{
+	my ($node, $backend_type, $sleep) = @_;
+	my $pid = $node->safe_psql('postgres', "SELECT pid FROM pg_stat_activity WHERE backend_type = '$backend_type'");
+	die "no $backend_type" unless $pid =~ /^\d+$/;
 	for my $attempt (1 .. 200)
 	{
 		kill 'STOP', $pid or die "SIGSTOP $pid: $!";
@@ -344,18 +361,18 @@ sub pause_wal_writer
 			if ($stat =~ /^\d+ \(.*\) T /) { $stopped = 1; last; }
 			usleep(2_000);
 		}
-		die "the WAL writer $pid did not stop" unless $stopped;
+		die "the $backend_type $pid did not stop" unless $stopped;
 		my $where = eval { $node->safe_psql('postgres', "SELECT wait_event FROM pg_stat_activity WHERE pid = $pid") };
 		if (!defined $where)
 		{
 			kill 'CONT', $pid;
 			die $@;
 		}
-		return $pid if $where eq 'WalWriterMain';
+		return $pid if $where eq $sleep;
 		kill 'CONT', $pid;
 		usleep(20_000);
 	}
-	die "the WAL writer $pid was never stopped in its sleep";
+	die "the $backend_type $pid was never stopped in its sleep";
 }
 
 sub resume_wal_writer
