@@ -111,6 +111,22 @@ is($standby->safe_psql('postgres', "SELECT status FROM receipt_status('$after{20
 # Absolute: the server reads the path (18's test directories are relative).
 my $copy = File::Spec->rel2abs($standby->basedir . '/old_primary_commits');
 copy($old_record, $copy) or die "copy: $!";
+# First the same record claiming another database system (its header's
+# system identifier, bytes 16..23, changed), by both ways in, while the
+# failover waits: refused, and the row still waits.
+my $foreign_record = File::Spec->rel2abs($standby->basedir . '/foreign_commits');
+copy($old_record, $foreign_record) or die "copy: $!";
+open my $foreign_fh, '+<:raw', $foreign_record or die "open: $!";
+seek $foreign_fh, 16, 0;
+print $foreign_fh pack('Q<', 12345);
+close $foreign_fh or die "close: $!";
+my (undef, undef, $foreign_err) = $standby->psql('postgres', "SELECT delayed_durability_import_failover_record('$foreign_record')");
+like($foreign_err, qr/is the record of another database system \(12345; this one is \d+\)/, 'the record of another database system: import refused');
+(undef, undef, $foreign_err) = $standby->psql('postgres',
+	"SELECT delayed_durability_receive_failover_record(pg_read_binary_file('$foreign_record'), 'n9', 1)");
+like($foreign_err, qr/the record delivered by n9 as \S+ is the record of another database system/, '... and delivery refused');
+is($standby->safe_psql('postgres', "SELECT coalesce(lost_commits::text, 'NULL'), exact FROM delayed_durability_failovers"),
+	'NULL|f', '... the failover still waits, nothing listed');
 is($standby->safe_psql('postgres', "SELECT delayed_durability_import_failover_record('$copy')"), '6', 'import: six lost');
 my @listed = split /\n/, $standby->safe_psql('postgres',
 	"SELECT xid || ' ' || commit_lsn FROM delayed_durability_lost_commits WHERE lost_in = 'failover' ORDER BY commit_lsn");
