@@ -98,6 +98,19 @@ is($after{canceled} - $before{canceled}, 1, 'counted as canceled');
 kill 'CONT', $receiver;
 $primary->wait_for_catchup($standby);
 
+# A one-row delayed commit from its own psql (its output into $out):
+# returns its handle, and whether it was seen waiting for the standby.
+sub commit_in_background
+{
+	my ($k) = @_;
+	($out, $err) = ('', '');
+	my $handle = IPC::Run::start([ 'psql', '-X', '-d', $primary->connstr('postgres'), '-c', "INSERT INTO t VALUES ($k, 'bg')" ],
+		'>', \$out, '2>', \$err);
+	my $seen_waiting = $primary->poll_query_until('postgres',
+		"SELECT count(*) = 1 FROM pg_stat_activity WHERE query LIKE 'INSERT INTO t VALUES ($k,%' AND wait_event_type = 'Extension'");
+	return ($handle, $seen_waiting);
+}
+
 # ---- the time budget against the standby: a delayed commit made when the
 # oldest acknowledged commit the standby has not confirmed (judged by
 # pg_replication_slots) is max_loss_time old waits for the standby.
@@ -120,11 +133,7 @@ $primary->safe_psql('postgres', 'SELECT flush_log()');
 is($primary->safe_psql('postgres', "SELECT pg_current_wal_flush_lsn() >= '$young'"), 't',
 	'time budget: that commit is flushed here');
 usleep(1_500_000);
-($out, $err) = ('', '');
-$h = IPC::Run::start([ 'psql', '-X', '-d', $primary->connstr('postgres'), '-c', "INSERT INTO t VALUES (6002, 'old enough')" ],
-	'>', \$out, '2>', \$err);
-$waiting = $primary->poll_query_until('postgres',
-	"SELECT count(*) = 1 FROM pg_stat_activity WHERE query LIKE 'INSERT INTO t VALUES (6002%' AND wait_event_type = 'Extension'");
+($h, $waiting) = commit_in_background(6002);
 ok($waiting, 'time budget: a commit made when the standby lacks one acknowledged 1.5 s ago waits for the standby');
 $h->pump_nb;
 is($out, '', '... and its client has not heard of it');
@@ -169,11 +178,7 @@ $_->finish for @lappers;
 is($primary->safe_psql('postgres', "SELECT count(*) FROM t WHERE k BETWEEN 6201 AND 6320"), '120',
 	'ring overwritten: 120 delayed commits after it, from three sessions at once, returned without waiting');
 usleep(int(max_of(0, 10.5 - (Time::HiRes::time() - $started)) * 1_000_000));
-($out, $err) = ('', '');
-$h = IPC::Run::start([ 'psql', '-X', '-d', $primary->connstr('postgres'), '-c', "INSERT INTO t VALUES (6400, 'after the lap')" ],
-	'>', \$out, '2>', \$err);
-$waiting = $primary->poll_query_until('postgres',
-	"SELECT count(*) = 1 FROM pg_stat_activity WHERE query LIKE 'INSERT INTO t VALUES (6400%' AND wait_event_type = 'Extension'");
+($h, $waiting) = commit_in_background(6400);
 ok($waiting, 'ring overwritten: a commit made 10.5 s after the oldest commit the standby lacks waits, though that one left the record');
 is($primary->safe_psql('postgres', "SELECT restart_lsn < '$young' FROM pg_replication_slots WHERE slot_name = 'sb'"), 't',
 	'... while the standby still lacks it');
