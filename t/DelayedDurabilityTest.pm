@@ -453,13 +453,15 @@ sub commit_ends
 		return $lsn - 24 if $lsn % 8192 == 24;
 		return $lsn;
 	};
-	my (%ends, $pending_kind, $pending_xid);
+	my (%ends, $pending_kind, $pending_xid, $pending_end);
 	for my $line (split /\n/, $out)
 	{
-		my ($tx, $lsn, $desc) = $line =~ /tx:\s+(\d+), lsn: ([0-9A-F]+\/[0-9A-F]+), prev [0-9A-F\/]+, desc: (\S+)/ or next;
+		my ($tot, $tx, $lsn, $desc) =
+		  $line =~ /len \(rec\/tot\):\s+\d+\/\s*(\d+), tx:\s+(\d+), lsn: ([0-9A-F]+\/[0-9A-F]+), prev [0-9A-F\/]+, desc: (\S+)/ or next;
 		my $start = lsn_to_int($lsn);
 		$ends{$pending_kind}{$pending_xid} = $norm->($start) if defined $pending_kind;
 		undef $pending_kind;
+		$pending_end = record_end($start, $tot, $segsize);
 		if ($line =~ /rmgr: Transaction/ && $desc =~ /^(COMMIT|COMMIT_PREPARED|PREPARE)$/)
 		{
 			# COMMIT_PREPARED names the prepared transaction in its description.
@@ -470,12 +472,34 @@ sub commit_ends
 	}
 	$ends{error} = $err;
 	$ends{records} = () = $out =~ /^rmgr:/mg;
-	# The last record's end: where pg_waldump found the WAL to end.
-	if (defined $pending_kind && $err =~ /(?:invalid record length at|LSN) ([0-9A-F]+\/[0-9A-F]+)/)
+	# The last record's end: where pg_waldump found the WAL to end, else
+	# from its length (when the next page was never written, pg_waldump
+	# names only the last good record's start).
+	if (defined $pending_kind)
 	{
-		$ends{$pending_kind}{$pending_xid} = $norm->(lsn_to_int($1));
+		$ends{$pending_kind}{$pending_xid} = $err =~ /(?:invalid record length at|LSN) ([0-9A-F]+\/[0-9A-F]+)/
+		  ? $norm->(lsn_to_int($1))
+		  : $pending_end;
 	}
 	return \%ends;
+}
+
+# Where a WAL record of $tot bytes starting at $start ends, as PostgreSQL
+# reserves it: MAXALIGNed, past the page headers of the pages it crosses
+# (ending exactly at a page's end, it ends there).
+sub record_end
+{
+	my ($start, $tot, $segsize) = @_;
+	my $left = $tot + (8 - $tot % 8) % 8;
+	my $pos = $start;
+	for (;;)
+	{
+		my $room = 8192 - $pos % 8192;
+		return $pos + $left if $left <= $room;
+		$left -= $room;
+		$pos += $room;
+		$pos += $pos % $segsize == 0 ? 40 : 24;
+	}
 }
 
 sub count_true { my $n = 0; $n += $_ for @_; return $n; }
