@@ -410,9 +410,16 @@ sub wal_valid_end
 	IPC::Run::run([ 'pg_controldata', $node->data_dir ], '>', \$out, '2>', \$err) or die "pg_controldata: $err";
 	my ($redo) = $out =~ /Latest checkpoint's REDO location:\s+(\S+)/ or die "no REDO location in: $out";
 	my ($redo_file) = $out =~ /Latest checkpoint's REDO WAL file:\s+(\S+)/ or die "no REDO WAL file in: $out";
+	my ($segsize) = $out =~ /Bytes per WAL segment:\s+(\d+)/ or die "no segment size in: $out";
 	my $last = last_segment($node, hex(substr($redo_file, 0, 8)));
 	($out, $err) = ('', '');
 	IPC::Run::run([ 'pg_waldump', '-p', $node->data_dir . '/pg_wal', '-s', $redo, $redo_file, $last ], '>', \$out, '2>', \$err);
+	# A never-written page after the last record read ("invalid magic
+	# number 0000", naming that page on 16 and later, no position on 15):
+	# the WAL ends where that record ends, which is before the page when a
+	# record torn by it was cut short.
+	my ($tot, $lsn) = ($out =~ /len \(rec\/tot\):\s+\d+\/\s*(\d+), tx:\s+\d+, lsn: ([0-9A-F]+\/[0-9A-F]+), [^\n]*\n?\z/);
+	return record_end(lsn_to_int($lsn), $tot, $segsize) if defined $lsn && $err =~ /invalid magic number/;
 	# "error in WAL record at A: invalid record length at B: ..." (B is where
 	# the next record would start: the end of the last one), or an invalid
 	# page header at a page's start ("... LSN B, offset ...").
