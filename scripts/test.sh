@@ -39,11 +39,11 @@ CI_SECOND_PG=18
 CI_SECOND_TORTURE_CYCLES=10
 VERSION_TAP="t/002_forced.pl t/013_hardening.pl t/014_wal_buffer.pl t/016_error_reports.pl
   t/017_wal_buffer_shared.pl t/019_sequence_new_in_transaction.pl t/021_loss_budget.pl t/022_lost_commits.pl
-  t/025_failed_statements.pl t/029_loss_budget_torture.pl"
+  t/025_failed_statements.pl t/029_loss_budget_torture.pl t/033_power_cut_model.pl"
 SECOND_PG_SKIPPED_TAP="t/010_experiments_report.pl"
 VERSION_TAP_16="t/002_forced.pl t/013_hardening.pl t/016_error_reports.pl t/017_wal_buffer_shared.pl
   t/019_sequence_new_in_transaction.pl t/021_loss_budget.pl t/022_lost_commits.pl t/025_failed_statements.pl
-  t/029_loss_budget_torture.pl"
+  t/029_loss_budget_torture.pl t/033_power_cut_model.pl"
 
 pg_arg=
 if [ "${1:-}" = --pg ]; then pg_arg=${2:?--pg needs a version: 15, 16, 17, 18 or all}; shift 2; fi

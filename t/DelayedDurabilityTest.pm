@@ -11,6 +11,7 @@ use PostgreSQL::Test::Utils;
 use Test::More;
 use IPC::Run;
 use Time::HiRes qw(usleep);
+use Cwd ();
 
 # A test that dies says why only in its log file (the framework sends
 # STDERR there), and CI shows only the TAP stream: repeat the reason there.
@@ -176,20 +177,42 @@ sub power_cut
 
 # Evidence from outside the server of what reached the disk: strace records
 # every write and sync call of every server process (those running now and
-# those forked later) with the file each descriptor names. The WAL
+# those forked later) on a WAL segment file, with the bytes written. The WAL
 # buffer skips fdatasync calls and adjusts pg_stat_wal, so only this tells
-# which WAL bytes were really synced.
+# which WAL bytes were really synced, and with what content.
 sub start_fsync_trace
 {
 	my ($node) = @_;
 	my $pm = (split /\n/, slurp_file($node->data_dir . '/postmaster.pid'))[0];
 	my @pids = grep { /^\d+$/ && kill(0, $_) } ($pm, split /\s+/, `pgrep -P $pm`);
 	my $file = $node->basedir . "/fsync_trace." . time() . ".$$";
+	# Only the WAL segment files are traced (strace -P), those there now and
+	# the next 64 of the newest one's timeline: the bytes of every other
+	# write (the server log, data files) would only swell the trace.
+	# zero_unsynced_wal() refuses a trace that missed a segment written.
+	my $dir = Cwd::realpath($node->data_dir . '/pg_wal') or die "pg_wal: $!";
+	opendir my $dh, $dir or die "$dir: $!";
+	my @present = sort grep { /^[0-9A-F]{24}$/ } readdir $dh;
+	closedir $dh;
+	die "no WAL segment in $dir" unless @present;
+	my $segsize = -s "$dir/$present[-1]";
+	my ($tli, $log, $seg) = map { hex } $present[-1] =~ /^(.{8})(.{8})(.{8})$/;
+	my %segments = map { $_ => 1 } @present;
+	for (1 .. 64)
+	{
+		($log, $seg) = ($log + 1, 0) if ++$seg >= 2**32 / $segsize;
+		$segments{ sprintf('%08X%08X%08X', $tli, $log, $seg) } = 1;
+	}
+	my $since = Time::HiRes::time();
 	my ($out, $err) = ('', '');
 	my $h = IPC::Run::start(
 		# Every call that can write or sync a file: a WAL write made by a call
-		# the cut cannot place (write, writev) stops the judgement.
-		[ 'strace', '-f', '-y', '-e', 'trace=pwrite64,pwritev,pwritev2,write,writev,fsync,fdatasync,sync_file_range',
+		# the cut cannot place (write, writev) stops the judgement. -x prints
+		# the bytes written in hexadecimal, -s all of them (a write is at most
+		# the WAL buffers, a few MB).
+		[ 'strace', '-f', '-y', '-x', '-s', 16 * 1024 * 1024, '-e', 'signal=none',
+			'-e', 'trace=pwrite64,pwritev,pwritev2,write,writev,fsync,fdatasync,sync_file_range',
+			(map { ('-P', "$dir/$_") } sort keys %segments),
 			'-o', $file, map { ('-p', $_) } @pids ],
 		'>', \$out, '2>', \$err);
 	# Attached to every process still alive (a backend that was exiting
@@ -203,7 +226,7 @@ sub start_fsync_trace
 	}
 	die "strace did not attach: $err" unless $settled->();
 	die "strace cannot trace the server here (ptrace not permitted): $err" if $err =~ /Operation not permitted/;
-	return { harness => $h, file => $file };
+	return { harness => $h, file => $file, segments => \%segments, since => $since };
 }
 
 sub stop_fsync_trace
@@ -213,21 +236,77 @@ sub stop_fsync_trace
 	$trace->{harness}->finish;
 }
 
-# Per WAL segment file, the writes not covered by a later successful
-# fsync/fdatasync of the same file, in trace order. Zeroes each segment from
-# the first such write to its end: the simulated power cut, cut where the
-# disk really stands. Returns how many bytes were zeroed, the lowest WAL
-# position zeroed (undef when nothing was), and the end of the furthest
-# write a sync covered.
+# The bytes of a string argument as strace prints it with -x: all in
+# hexadecimal when any byte is not printable (every WAL page), else C
+# escapes. Checked with simple character classes only: a repeated group
+# fails past 32766 repetitions in Perl, and a write is megabytes.
+my %strace_escape = (n => "\n", t => "\t", r => "\r", v => "\x0b", f => "\f", '\\' => '\\', '"' => '"');
+sub strace_bytes
+{
+	my ($text) = @_;
+	if ($text !~ /[^\\x0-9a-f]/)
+	{
+		# "\xHH" n times: n backslashes, n x's, 2n digits ("abc" is printable).
+		my $n = length($text) / 4;
+		(my $hex = $text) =~ tr/\\x//d;
+		return pack('H*', $hex)
+		  if ($text =~ tr/\\//) == $n && ($text =~ tr/x//) == $n && length($hex) == 2 * $n;
+	}
+	$text =~ s{\\(x[0-9a-f]{2}|[0-7]{1,3}|.)}{
+		my $e = $1;
+		$e =~ /^x(..)$/ ? chr(hex $1)
+		  : $e =~ /^[0-7]/ ? chr(oct $e)
+		  : ($strace_escape{$e} // die "strace: unknown escape \\$e")
+	}ge;
+	return $text;
+}
+
+# The file offset and the bytes of a traced pwrite64/pwritev/pwritev2 call,
+# from the text after its descriptor: pwrite64(fd, "bytes", count, offset),
+# pwritev(fd, [{iov_base="bytes", iov_len=n}, ...], iovcnt, offset[, flags]).
+sub strace_write
+{
+	my ($call, $args) = @_;
+	# Hexadecimal (a simple class, any length) or a short printable string.
+	my $string = qr/"([\\x0-9a-f]*|(?:[^"\\]|\\.){0,30000})"(\.\.\.)?/;
+	if ($call eq 'pwrite64')
+	{
+		my ($text, $cut, $offset) = $args =~ /^$string, \d+, (\d+)/ or die "strace: unreadable $call: " . substr($args, 0, 200);
+		die "strace: $call bytes cut short (-s)" if $cut;
+		return ($offset, strace_bytes($text));
+	}
+	my ($vector, $count, $offset) = $args =~ /^\[(.*?)\], (\d+), (\d+)/s or die "strace: unreadable $call: " . substr($args, 0, 200);
+	my ($data, $seen) = ('', 0);
+	while ($vector =~ /\{iov_base=$string, iov_len=(\d+)\}/g)
+	{
+		my ($text, $cut, $len) = ($1, $2, $3);
+		my $bytes = strace_bytes($text);
+		die "strace: $call bytes cut short (-s)" if $cut || length($bytes) != $len;
+		$data .= $bytes;
+		$seen++;
+	}
+	die "strace: $call shows $seen of its $count buffers" unless $seen == $count;
+	return ($offset, $data);
+}
+
+# The simulated power cut, where the disk really stands: each WAL segment
+# file gets back, from the first byte a write left unsynced to its end, what
+# the writes a later fsync/fdatasync of that file covered had put there, in
+# the order they were written, and zeros where none did. A partly filled
+# page PostgreSQL synced and then rewrote with more records goes back to
+# what it held at that sync: its records added later were never synced.
+# Bytes the trace saw no sync for are taken as never synced (zeros), also
+# when written before the trace began. Returns how many bytes the cut
+# changed and the lowest WAL position it changed (undef when none).
 sub zero_unsynced_wal
 {
 	my ($node, $trace) = @_;
-	# segment => [offset, length] of completed writes not yet covered by a
-	# sync; segment => end of the furthest write a sync covered; pid => the
-	# call it is in the middle of, and for a sync how many of its segment's
-	# writes had completed when it started (only those it covers).
-	my (%pending, %synced_end, %unfinished, %covers);
-	my $wal_call = qr/^(pwrite64|pwritev2?|fsync|fdatasync|sync_file_range|writev?)\(\d+<([^>]*\/pg_wal\/[0-9A-F]{24})>/;
+	# segment => [offset, bytes] of completed writes not yet covered by a
+	# sync, and of those a sync covered; pid => the call it is in the middle
+	# of, and for a sync how many of its segment's writes had completed when
+	# it started (only those it covers).
+	my (%pending, %synced, %unfinished, %covers);
+	my $wal_call = qr/^(pwrite64|pwritev2?|fsync|fdatasync|sync_file_range|writev?)\(\d+<([^>]*\/pg_wal\/[0-9A-F]{24})>(?:, )?(.*)$/s;
 	open my $fh, '<', $trace->{file} or die "$trace->{file}: $!";
 	while (my $line = <$fh>)
 	{
@@ -248,8 +327,8 @@ sub zero_unsynced_wal
 			$rest = ($unfinished{$pid} // '') . $1;
 			delete $unfinished{$pid};
 		}
-		my ($call, $path) = $rest =~ $wal_call or next;
-		my ($result) = $rest =~ /\)\s+=\s+(-?\d+)(?:\s|$)/;
+		my ($call, $path, $args) = $rest =~ $wal_call or next;
+		my ($result) = $args =~ /\)\s+=\s+(-?\d+)(?:\s|$)/;
 		my $covered = delete $covers{$pid};
 		my $segment = (split m{/}, $path)[-1];
 		# A WAL write at the file position, which the trace does not show:
@@ -260,64 +339,70 @@ sub zero_unsynced_wal
 		if ($call =~ /^pwrite/)
 		{
 			# A write cut off by the kill (no result) may have reached the
-			# page cache: count it as not synced. The offset is the last
-			# argument (pwritev2: before the flags).
-			my ($offset) = $call eq 'pwritev2'
-			  ? $rest =~ /,\s*(\d+),\s*\w+\s*(?:\)|$)/
-			  : $rest =~ /,\s*(\d+)\s*(?:\)|$)/;
-			push @{ $pending{$segment} }, [ $offset, $result // 0 ] if defined $offset && (!defined $result || $result > 0);
+			# page cache: counted whole, as not synced.
+			next if defined $result && $result <= 0;
+			my ($offset, $bytes) = strace_write($call, $args);
+			$bytes = substr($bytes, 0, $result) if defined $result;
+			push @{ $pending{$segment} }, [ $offset, $bytes ];
 		}
 		elsif (defined $result && $result == 0)
 		{
-			my @done = splice @{ $pending{$segment} //= [] }, 0, $covered // scalar @{ $pending{$segment} };
-			for (@done)
-			{
-				my $end = $_->[0] + $_->[1];
-				$synced_end{$segment} = $end if $end > ($synced_end{$segment} // 0);
-			}
+			push @{ $synced{$segment} }, splice @{ $pending{$segment} //= [] }, 0, $covered // scalar @{ $pending{$segment} };
 		}
 	}
 	close $fh;
 	# Writes interrupted by the kill.
 	for my $rest (values %unfinished)
 	{
-		my ($call, $path) = $rest =~ $wal_call or next;
-		next unless $call =~ /^pwrite(64|v)$/;
-		my ($offset) = $rest =~ /,\s*(\d+)\s*$/;
-		push @{ $pending{ (split m{/}, $path)[-1] } }, [ $offset, 0 ] if defined $offset;
+		my ($call, $path, $args) = $rest =~ $wal_call or next;
+		next unless $call =~ /^pwrite/;
+		my ($offset, $bytes) = strace_write($call, $args);
+		push @{ $pending{ (split m{/}, $path)[-1] } }, [ $offset, $bytes ];
 	}
-	my ($zeroed, $lowest) = (0, undef);
 	my $dir = $node->data_dir . '/pg_wal';
-	# The end of WAL known synced, for a cut that zeroes nothing: the
-	# furthest synced byte of any segment.
-	my $synced_lsn = 0;
-	for my $segment (keys %synced_end)
+	# A segment the trace did not watch, written meanwhile: what reached it
+	# is unknown.
+	opendir my $dh, $dir or die $!;
+	for my $segment (grep { /^[0-9A-F]{24}$/ && !$trace->{segments}{$_} } readdir $dh)
 	{
-		my $size = -s "$dir/$segment" or next;
-		my ($log, $seg) = (hex(substr($segment, 8, 8)), hex(substr($segment, 16, 8)));
-		my $lsn = ($log * (2**32 / $size) + $seg) * $size + $synced_end{$segment};
-		$synced_lsn = $lsn if $lsn > $synced_lsn;
+		my $mtime = (Time::HiRes::stat("$dir/$segment"))[9];
+		die "zero_unsynced_wal: $segment was written during the trace, which did not watch it" if $mtime >= $trace->{since};
 	}
+	closedir $dh;
+	my ($changed, $lowest) = (0, undef);
 	for my $segment (sort keys %pending)
 	{
 		next unless @{ $pending{$segment} };
 		my ($first) = sort { $a <=> $b } map { $_->[0] } @{ $pending{$segment} };
-		# A rewrite of a partly synced WAL page starts at the page, but its
-		# bytes up to what a sync already covered are the same ones: WAL
-		# bytes never change once written. Only what follows was never synced.
-		$first = $synced_end{$segment} if ($synced_end{$segment} // 0) > $first;
 		my $size = -s "$dir/$segment" or next;
 		next if $first >= $size;
-		my ($log, $seg) = (hex(substr($segment, 8, 8)), hex(substr($segment, 16, 8)));
-		my $lsn = ($log * (2**32 / $size) + $seg) * $size + $first;
-		$lowest = $lsn if !defined $lowest || $lsn < $lowest;
+		my $cut = "\0" x ($size - $first);
+		for (@{ $synced{$segment} // [] })
+		{
+			my ($offset, $bytes) = @$_;
+			my $end = $offset + length $bytes;
+			$end = $size if $end > $size;
+			my $from = $offset > $first ? $offset : $first;
+			next if $end <= $from;
+			substr($cut, $from - $first, $end - $from) = substr($bytes, $from - $offset, $end - $from);
+		}
 		open my $w, '+<:raw', "$dir/$segment" or die $!;
 		seek $w, $first, 0;
-		print $w "\0" x ($size - $first);
-		close $w;
-		$zeroed += $size - $first;
+		my $now = '';
+		read($w, $now, $size - $first) == $size - $first or die "$segment: short read";
+		my $difference = $now ^ $cut;
+		my $bytes = ($difference =~ tr/\0//c);
+		next unless $bytes;
+		$difference =~ /[^\0]/;
+		my ($log, $seg) = (hex(substr($segment, 8, 8)), hex(substr($segment, 16, 8)));
+		my $lsn = ($log * (2**32 / $size) + $seg) * $size + $first + $-[0];
+		$lowest = $lsn if !defined $lowest || $lsn < $lowest;
+		seek $w, $first, 0;
+		print $w $cut;
+		close $w or die $!;
+		$changed += $bytes;
 	}
-	return ($zeroed, $lowest, $synced_lsn);
+	return ($changed, $lowest);
 }
 
 # Stops the WAL writer (SIGSTOP) so that nothing flushes WAL in the
