@@ -13,6 +13,8 @@ use strict;
 use warnings;
 use File::Copy;
 use File::Spec;
+use IO::Select;
+use IO::Socket::INET;
 use IPC::Run;
 use PostgreSQL::Test::Cluster;
 use PostgreSQL::Test::Utils;
@@ -213,10 +215,32 @@ is($node_c->safe_psql('postgres', 'SELECT count(*) FROM delayed_durability_failo
 	'C shows no failover while it is a standby');
 
 # ---- A, rewound, rejoins as B's standby.
+# First its delivery goes to a server that accepts the connection and
+# never answers (connect_timeout = 0: libpq would wait for ever): the wait
+# must not keep A from stopping, nor use the record up.
+my $silent = IO::Socket::INET->new(Listen => 5, LocalAddr => '127.0.0.1', LocalPort => 0, Proto => 'tcp', ReuseAddr => 1)
+  or die "listen: $!";
+my $silent_port = $silent->sockport;
+my $delivery_line = "delayed_durability.delivery_conninfo = 'host=127.0.0.1 port=$silent_port dbname=postgres connect_timeout=0'\n";
 open my $conf_fh, '>', $node_a->data_dir . '/postgresql.conf' or die $!;
-print $conf_fh $conf, "synchronous_standby_names = ''\n";
+print $conf_fh $conf, "synchronous_standby_names = ''\n", $delivery_line;
 close $conf_fh;
 $node_a->enable_streaming($node_b);
+$node_a->start;
+my $peer;
+$peer = $silent->accept if IO::Select->new($silent)->can_read($PostgreSQL::Test::Utils::timeout_default);
+ok(defined $peer, 'the rejoined old primary connects to deliver its record (to a server that never answers)');
+ok($node_a->stop('fast', fail_ok => 1), 'it stops while its delivery waits for that server (a fast shutdown)');
+close $peer if $peer;
+close $silent;
+opendir(my $sdh, $saved_dir) or die $!;
+is(scalar(grep { $_ eq $saved[0] } readdir $sdh), 1, 'the record given up by the stop is kept, to be delivered later');
+closedir $sdh;
+my $conf_a = slurp_file($node_a->data_dir . '/postgresql.conf');
+$conf_a =~ s/\Q$delivery_line\E//;
+open $conf_fh, '>', $node_a->data_dir . '/postgresql.conf' or die $!;
+print $conf_fh $conf_a;
+close $conf_fh;
 $node_a->start;
 $node_b->wait_for_catchup($node_a);
 my @wrong_on_standby;

@@ -11,7 +11,9 @@
 //! `delayed_durability_receive_failover_record()` lists the commits the
 //! failover from that timeline lost, as the import does, and the
 //! failover's row becomes exact; the same record sent again is answered
-//! with the same count. The saved file is then renamed
+//! with the same count. libpq runs asynchronously under the worker's latch:
+//! a shutdown or a promotion gives the delivery up at once (the record is
+//! kept for the next try), whatever the peer does. The saved file is then renamed
 //! `.commits.delivered`, or `.commits.refused` when the new primary
 //! refused it for good (a record of another system, older than the
 //! failover, torn beyond use) or kept answering that no failover waits for
@@ -51,6 +53,7 @@ extern "C-unwind" {
         record_len: c_int,
         sender: *const c_char,
         old_timeline: i32,
+        give_up: extern "C-unwind" fn() -> bool,
         lost: *mut i64,
         sqlstate: *mut c_char,
         message: *mut c_char,
@@ -61,6 +64,27 @@ extern "C-unwind" {
 
 const DELIVERED: c_int = 0;
 const NO_CONNECTION: c_int = 1;
+const ABANDONED: c_int = 3;
+
+thread_local! {
+    /// SIGTERM arrived while a delivery waited (its flag is read once).
+    static STOPPING: Cell<bool> = const { Cell::new(false) };
+}
+
+/// Asked by the delivery at least every second while it waits: it is given
+/// up when the worker must stop, or when this server was promoted (the
+/// failover must be noted without waiting for an old peer).
+extern "C-unwind" fn delivery_should_give_up() -> bool {
+    if pgrx::bgworkers::BackgroundWorker::sigterm_received() {
+        STOPPING.set(true);
+    }
+    STOPPING.get() || !crate::flush::in_recovery()
+}
+
+/// Whether SIGTERM arrived during a delivery: the worker then exits.
+pub fn stopping() -> bool {
+    STOPPING.get()
+}
 
 thread_local! {
     /// When to try next (µs since the epoch, as stats::now()).
@@ -111,20 +135,22 @@ pub fn tick() {
     let sender = CString::new(format!("{} port {port} ({name})", host.trim())).unwrap_or_default();
     let (mut lost, mut sqlstate, mut message) = (-1i64, [0 as c_char; 6], vec![0 as c_char; 1024]);
     // SAFETY: every pointer is valid for the call and the lengths are the
-    // buffers'; the function copies what it returns into them and raises
-    // nothing (libpq reports errors by value).
+    // buffers'; the function copies what it returns into them. libpq
+    // reports errors by value; the latch wait can raise one (a failed
+    // epoll call), made a Rust panic by the boundary.
     let outcome = unsafe {
-        dd_deliver_record(
+        pg_sys::ffi::pg_guard_ffi_boundary(|| dd_deliver_record(
             conninfo.as_ref().map_or(std::ptr::null(), |c| c.as_ptr()),
             bytes.as_ptr() as *const c_char,
             bytes.len() as c_int,
             sender.as_ptr(),
             saved_record::timeline_of(&path).map_or(0, |t| t as i32),
+            delivery_should_give_up,
             &mut lost,
             sqlstate.as_mut_ptr(),
             message.as_mut_ptr(),
             message.len(),
-        )
+        ))
     };
     // SAFETY: the function leaves both buffers NUL-terminated.
     let (sqlstate, message) = unsafe {
@@ -134,6 +160,8 @@ pub fn tick() {
         )
     };
     match outcome {
+        // Tried again at the next tick, if the worker still runs.
+        ABANDONED => {}
         DELIVERED => {
             WAITING_ANSWERS.set(0);
             SAID.set(0);

@@ -297,6 +297,9 @@ pub extern "C-unwind" fn delayed_durability_report_main(_arg: pg_sys::Datum) {
         }
         failover::sample_upstream();
         delivery::tick();
+        if delivery::stopping() {
+            return;
+        }
         if let Err(e) = failover::follow_timeline() {
             if !std::mem::replace(&mut warned, true) {
                 pgrx::warning!("delayed_durability: could not note the timeline this standby follows: {e}");
