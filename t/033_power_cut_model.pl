@@ -7,9 +7,73 @@
 # fsync would pass unseen.
 use strict;
 use warnings;
+use Cwd ();
 use PostgreSQL::Test::Utils;
 use Test::More;
 use DelayedDurabilityTest;
+
+# The cut read from canned traces, in the forms strace prints: what it
+# keeps is what a sync covered, however calls interleave.
+{
+	my $dir = Cwd::realpath(PostgreSQL::Test::Utils::tempdir('canned_wal'));
+	my $segment = '000000010000000000000001';
+	my $path = "$dir/$segment";
+	my $hex = sub { join '', map { sprintf '\\x%02x', ord } split //, $_[0] };
+	my $write = sub { my ($pid, $fd, $bytes, $offset) = @_; qq{$pid pwrite64($fd<$path>, "} . $hex->($bytes) . qq{", } . length($bytes) . qq{, $offset} };
+	# Writes every traced write to the file as the page cache would hold it,
+	# cuts, and returns the file.
+	my $cut = sub {
+		my (@lines) = @_;
+		open my $f, '>:raw', $path or die $!;
+		print $f "\0" x 16384;
+		for (@lines)
+		{
+			next unless /pwrite64\(\d+<[^>]*>, "([^"]*)", \d+, (\d+)/;
+			my ($h, $at) = ($1, $2);
+			$h =~ s/\\x//g;
+			seek $f, $at, 0;
+			print $f pack('H*', $h);
+		}
+		close $f;
+		open my $t, '>', "$dir/trace" or die $!;
+		print $t "$_\n" for @lines;
+		close $t;
+		zero_unsynced_wal(undef, { file => "$dir/trace", dir => $dir, segments => { $segment => 1 }, since => 9e9 });
+		return slurp_file($path);
+	};
+	my $file = $cut->(
+		$write->(100, 3, 'W1', 0) . ') = 2',
+		"100 fdatasync(3<$path> <unfinished ...>",
+		$write->(200, 4, 'W2', 100) . ') = 2',
+		"200 fdatasync(4<$path>) = 0",
+		$write->(200, 4, 'W3', 200) . ') = 2',
+		'100 <... fdatasync resumed>) = 0');
+	ok(substr($file, 0, 2) eq 'W1' && substr($file, 100, 2) eq 'W2' && substr($file, 200, 2) eq "\0\0",
+		'overlapping syncs: a write made after both began is not kept by the one that ends last');
+	$file = $cut->(
+		$write->(100, 3, "AB\0\0", 0) . ') = 4',
+		"100 fdatasync(3<$path>) = 0",
+		$write->(100, 3, 'ABCD', 0) . ') = 4');
+	is(substr($file, 0, 4), "AB\0\0", 'a page synced partly filled, then rewritten: back to its content at the sync');
+	$file = $cut->(
+		$write->(100, 3, 'W1', 0) . ') = 2',
+		"100 fdatasync(3<$path>) = 0",
+		$write->(100, 3, 'W2', 100) . ' <unfinished ...>',
+		$write->(200, 4, 'W3', 200) . ') = 1',
+		"200 fdatasync(4<$path>) = 0",
+		'100 +++ killed by SIGKILL +++');
+	ok(substr($file, 0, 2) eq 'W1' && substr($file, 100, 2) eq "\0\0" && substr($file, 200, 2) eq "W\0",
+		'a write the kill cut off is not kept; of a short write only what it wrote is');
+	$file = $cut->(
+		qq|100 pwritev(3<$path>, [{iov_base="| . $hex->('P1') . qq|", iov_len=2}, {iov_base="| . $hex->('P2') . qq|", iov_len=2}], 2, 300) = 4|,
+		"100 fdatasync(3<$path>) = 0",
+		$write->(100, 3, 'Z', 250) . ') = 1');
+	ok(substr($file, 250, 1) eq "\0" && substr($file, 300, 4) eq 'P1P2', 'a vector write a sync covered is put back from its bytes');
+	ok(!eval { $cut->("100 pwrite64(3<$path>, \"\\x57\\x31\"..., 8192, 0) = 8192"); 1 } && $@ =~ /cut short/,
+		'bytes strace cut short stop the cut');
+	ok(!eval { $cut->("100 pwrite64(3</elsewhere/$segment>, \"\\x57\", 1, 0) = 1"); 1 } && $@ =~ /cannot read/,
+		'a call on a path the cut does not expect stops it');
+}
 
 # Small WAL buffers: a backend inserting WAL writes the oldest completed
 # pages itself to make room, without syncing them. The WAL writer is
@@ -25,7 +89,7 @@ my $before = lsn_to_int($node->safe_psql('postgres', 'SELECT wal_end()'));
 # it. Another one when that leaves too little room on the page for delayed
 # commits.
 my ($durable_end, $page_end, $durable) = (0, 0, 0);
-while ($page_end - $durable_end < 1024)
+while ($durable_end % 8192 == 0 || $page_end - $durable_end < 1024)
 {
 	$node->safe_psql('postgres', "INSERT INTO t VALUES (-$durable, 'durable')");
 	$durable++;

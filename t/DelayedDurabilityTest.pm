@@ -190,6 +190,11 @@ sub start_fsync_trace
 	# the next 64 of the newest one's timeline: the bytes of every other
 	# write (the server log, data files) would only swell the trace.
 	# zero_unsynced_wal() refuses a trace that missed a segment written.
+	# A write through a descriptor opened with O_DSYNC is durable with no
+	# sync call: the cut would count it lost.
+	my $sync_method = $node->safe_psql('postgres', 'SHOW wal_sync_method');
+	die "start_fsync_trace: wal_sync_method = $sync_method makes writes durable without a sync call the trace could see"
+	  if $sync_method =~ /^open_/;
 	my $dir = Cwd::realpath($node->data_dir . '/pg_wal') or die "pg_wal: $!";
 	opendir my $dh, $dir or die "$dir: $!";
 	my @present = sort grep { /^[0-9A-F]{24}$/ } readdir $dh;
@@ -203,14 +208,15 @@ sub start_fsync_trace
 		($log, $seg) = ($log + 1, 0) if ++$seg >= 2**32 / $segsize;
 		$segments{ sprintf('%08X%08X%08X', $tli, $log, $seg) } = 1;
 	}
-	my $since = Time::HiRes::time();
+	# File times come from a clock a tick behind: a margin.
+	my $since = Time::HiRes::time() - 0.1;
 	my ($out, $err) = ('', '');
 	my $h = IPC::Run::start(
 		# Every call that can write or sync a file: a WAL write made by a call
 		# the cut cannot place (write, writev) stops the judgement. -x prints
 		# the bytes written in hexadecimal, -s all of them (a write is at most
 		# the WAL buffers, a few MB).
-		[ 'strace', '-f', '-y', '-x', '-s', 16 * 1024 * 1024, '-e', 'signal=none',
+		[ 'strace', '-f', '-y', '-x', '-s', 16 * 1024 * 1024,
 			'-e', 'trace=pwrite64,pwritev,pwritev2,write,writev,fsync,fdatasync,sync_file_range',
 			(map { ('-P', "$dir/$_") } sort keys %segments),
 			'-o', $file, map { ('-p', $_) } @pids ],
@@ -226,14 +232,28 @@ sub start_fsync_trace
 	}
 	die "strace did not attach: $err" unless $settled->();
 	die "strace cannot trace the server here (ptrace not permitted): $err" if $err =~ /Operation not permitted/;
-	return { harness => $h, file => $file, segments => \%segments, since => $since };
+	# A process forked between the listing and the attach would escape
+	# (strace -f follows only the forks of a traced process).
+	for my $pid (grep { /^\d+$/ } split /\s+/, `pgrep -P $pm`)
+	{
+		my $status = eval { slurp_file("/proc/$pid/status") } // next;
+		my ($traced_by) = $status =~ /^TracerPid:\s+(\d+)/m;
+		die "start_fsync_trace: server process $pid escaped the trace" if !$traced_by;
+	}
+	return { harness => $h, file => $file, segments => \%segments, since => $since, dir => $dir, err => \$err };
 }
 
+# Stops strace. A trace it could not write whole (a full disk) or any
+# other complaint of strace stops the test: the cut would keep what the
+# lost tail wrote.
 sub stop_fsync_trace
 {
 	my ($trace) = @_;
 	$trace->{harness}->signal('INT');
 	$trace->{harness}->finish;
+	my @complaints = grep { !/^\S*strace: (?:Process \d+ (?:attached|detached)|attach: ptrace\(PTRACE_SEIZE, \d+\): No such process)$/ && /\S/ }
+	  split /\n/, ${ $trace->{err} };
+	die "strace: " . join('; ', @complaints) if @complaints;
 }
 
 # The bytes of a string argument as strace prints it with -x: all in
@@ -244,7 +264,8 @@ my %strace_escape = (n => "\n", t => "\t", r => "\r", v => "\x0b", f => "\f", '\
 sub strace_bytes
 {
 	my ($text) = @_;
-	if ($text !~ /[^\\x0-9a-f]/)
+	# strace's escaped form never begins with \x: "\fx0" is three bytes.
+	if ($text =~ /^\\x/ && $text !~ /[^\\x0-9a-f]/)
 	{
 		# "\xHH" n times: n backslashes, n x's, 2n digits ("abc" is printable).
 		my $n = length($text) / 4;
@@ -271,9 +292,10 @@ sub strace_write
 	my $string = qr/"([\\x0-9a-f]*|(?:[^"\\]|\\.){0,30000})"(\.\.\.)?/;
 	if ($call eq 'pwrite64')
 	{
-		my ($text, $cut, $offset) = $args =~ /^$string, \d+, (\d+)/ or die "strace: unreadable $call: " . substr($args, 0, 200);
-		die "strace: $call bytes cut short (-s)" if $cut;
-		return ($offset, strace_bytes($text));
+		my ($text, $cut, $count, $offset) = $args =~ /^$string, (\d+), (\d+)/ or die "strace: unreadable $call: " . substr($args, 0, 200);
+		my $bytes = strace_bytes($text);
+		die "strace: $call bytes cut short (-s)" if $cut || length($bytes) != $count;
+		return ($offset, $bytes);
 	}
 	my ($vector, $count, $offset) = $args =~ /^\[(.*?)\], (\d+), (\d+)/s or die "strace: unreadable $call: " . substr($args, 0, 200);
 	my ($data, $seen) = ('', 0);
@@ -295,42 +317,53 @@ sub strace_write
 # the order they were written, and zeros where none did. A partly filled
 # page PostgreSQL synced and then rewrote with more records goes back to
 # what it held at that sync: its records added later were never synced.
-# Bytes the trace saw no sync for are taken as never synced (zeros), also
-# when written before the trace began. Returns how many bytes the cut
-# changed and the lowest WAL position it changed (undef when none).
+# The cut's horizon is the trace's start: WAL written before it counts as
+# on disk, except from the first byte a traced write left unsynced on, where
+# bytes no traced sync covered are zeros (a page partly synced before the
+# trace and rewritten without a sync during it loses its older part too:
+# harsher than a disk, never kinder). Returns how many bytes the cut changed
+# and the lowest WAL position it changed (undef when none).
 sub zero_unsynced_wal
 {
 	my ($node, $trace) = @_;
-	# segment => [offset, bytes] of completed writes not yet covered by a
-	# sync, and of those a sync covered; pid => the call it is in the middle
-	# of, and for a sync how many of its segment's writes had completed when
-	# it started (only those it covers).
+	# segment => [number, offset, bytes] of completed writes not yet
+	# covered by a sync, and of those a sync covered; pid => the call it is
+	# in the middle of, and for a sync the number of the last write
+	# completed when it started (it covers those only, whatever other
+	# syncs do meanwhile).
 	my (%pending, %synced, %unfinished, %covers);
-	my $wal_call = qr/^(pwrite64|pwritev2?|fsync|fdatasync|sync_file_range|writev?)\(\d+<([^>]*\/pg_wal\/[0-9A-F]{24})>(?:, )?(.*)$/s;
+	my $written = 0;
+	my $dir = $trace->{dir};
+	my $wal_call = qr/^(pwrite64|pwritev2?|fsync|fdatasync|sync_file_range|writev?)\(\d+<\Q$dir\E\/([0-9A-F]{24})>(?:, )?(.*)$/s;
+	# The result, at the end of the line: "= 8192", "= -1 ENOSPC (...)", "= ?".
+	my $result_at_end = qr/\)\s+=\s+(-?\d+|\?)(?:\s+[A-Z0-9_]+\s+\([^()]*\))?$/;
 	open my $fh, '<', $trace->{file} or die "$trace->{file}: $!";
 	while (my $line = <$fh>)
 	{
 		chomp $line;
 		my ($pid, $rest) = $line =~ /^(\d+)\s+(.*)$/ or next;
+		# Signals, exits, detaching; and a call a process was in when strace
+		# attached, which it cannot name (begun before the trace: its
+		# horizon).
+		next if $rest =~ /^(?:\+\+\+ |--- |<detached|\?\?\?\(|<\.\.\. \?\?\? resumed>)/;
 		if ($rest =~ /^(.*) <unfinished \.\.\.>$/)
 		{
 			$unfinished{$pid} = $1;
-			if (my ($call, $path) = $1 =~ $wal_call)
-			{
-				my $segment = (split m{/}, $path)[-1];
-				$covers{$pid} = scalar @{ $pending{$segment} // [] } if $call =~ /^f(?:data)?sync$/;
-			}
+			my ($call, $segment) = $1 =~ $wal_call or die "strace: a call the cut cannot read: " . substr($rest, 0, 200);
+			$covers{$pid} = $written if $call =~ /^f(?:data)?sync$/;
 			next;
 		}
 		if ($rest =~ /^<\.\.\. \w+ resumed>(.*)$/)
 		{
-			$rest = ($unfinished{$pid} // '') . $1;
+			$rest = ($unfinished{$pid} // die "strace: resumed without its start: $rest") . $1;
 			delete $unfinished{$pid};
 		}
-		my ($call, $path, $args) = $rest =~ $wal_call or next;
-		my ($result) = $args =~ /\)\s+=\s+(-?\d+)(?:\s|$)/;
-		my $covered = delete $covers{$pid};
-		my $segment = (split m{/}, $path)[-1];
+		# Only WAL segment files are traced (-P): anything else unread would
+		# be a write the cut misses.
+		my ($call, $segment, $args) = $rest =~ $wal_call or die "strace: a call the cut cannot read: " . substr($rest, 0, 200);
+		my ($result) = $args =~ $result_at_end or die "strace: no result in: " . substr($rest, 0, 200);
+		undef $result if $result eq '?';
+		my $covered = delete $covers{$pid} // $written;
 		# A WAL write at the file position, which the trace does not show:
 		# nothing can say which bytes it wrote.
 		die "strace: WAL written with $call, which the simulated power cut cannot place: $rest" if $call =~ /^writev?$/;
@@ -343,25 +376,30 @@ sub zero_unsynced_wal
 			next if defined $result && $result <= 0;
 			my ($offset, $bytes) = strace_write($call, $args);
 			$bytes = substr($bytes, 0, $result) if defined $result;
-			push @{ $pending{$segment} }, [ $offset, $bytes ];
+			push @{ $pending{$segment} }, [ ++$written, $offset, $bytes ];
 		}
 		elsif (defined $result && $result == 0)
 		{
-			push @{ $synced{$segment} }, splice @{ $pending{$segment} //= [] }, 0, $covered // scalar @{ $pending{$segment} };
+			my @still;
+			for (@{ $pending{$segment} // [] })
+			{
+				if ($_->[0] <= $covered) { push @{ $synced{$segment} }, $_ } else { push @still, $_ }
+			}
+			$pending{$segment} = \@still;
 		}
 	}
 	close $fh;
 	# Writes interrupted by the kill.
 	for my $rest (values %unfinished)
 	{
-		my ($call, $path, $args) = $rest =~ $wal_call or next;
+		my ($call, $segment, $args) = $rest =~ $wal_call or next;
 		next unless $call =~ /^pwrite/;
 		my ($offset, $bytes) = strace_write($call, $args);
-		push @{ $pending{ (split m{/}, $path)[-1] } }, [ $offset, $bytes ];
+		push @{ $pending{$segment} }, [ ++$written, $offset, $bytes ];
 	}
-	my $dir = $node->data_dir . '/pg_wal';
 	# A segment the trace did not watch, written meanwhile: what reached it
-	# is unknown.
+	# is unknown. One written during the trace and gone since: where its
+	# bytes went is unknown too.
 	opendir my $dh, $dir or die $!;
 	for my $segment (grep { /^[0-9A-F]{24}$/ && !$trace->{segments}{$_} } readdir $dh)
 	{
@@ -369,17 +407,18 @@ sub zero_unsynced_wal
 		die "zero_unsynced_wal: $segment was written during the trace, which did not watch it" if $mtime >= $trace->{since};
 	}
 	closedir $dh;
+	-f "$dir/$_" or die "zero_unsynced_wal: $_, written during the trace, is gone" for keys %pending, keys %synced;
 	my ($changed, $lowest) = (0, undef);
 	for my $segment (sort keys %pending)
 	{
 		next unless @{ $pending{$segment} };
-		my ($first) = sort { $a <=> $b } map { $_->[0] } @{ $pending{$segment} };
-		my $size = -s "$dir/$segment" or next;
+		my ($first) = sort { $a <=> $b } map { $_->[1] } @{ $pending{$segment} };
+		my $size = -s "$dir/$segment";
 		next if $first >= $size;
 		my $cut = "\0" x ($size - $first);
 		for (@{ $synced{$segment} // [] })
 		{
-			my ($offset, $bytes) = @$_;
+			my (undef, $offset, $bytes) = @$_;
 			my $end = $offset + length $bytes;
 			$end = $size if $end > $size;
 			my $from = $offset > $first ? $offset : $first;
