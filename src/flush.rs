@@ -7,8 +7,8 @@ use pgrx::prelude::*;
 const fn maxalign(n: usize) -> u64 {
     ((n + 7) & !7) as u64
 }
-const SHORT_PAGE_HEADER: u64 = maxalign(std::mem::size_of::<pg_sys::XLogPageHeaderData>());
-const LONG_PAGE_HEADER: u64 = maxalign(std::mem::size_of::<pg_sys::XLogLongPageHeaderData>());
+pub(crate) const SHORT_PAGE_HEADER: u64 = maxalign(std::mem::size_of::<pg_sys::XLogPageHeaderData>());
+pub(crate) const LONG_PAGE_HEADER: u64 = maxalign(std::mem::size_of::<pg_sys::XLogLongPageHeaderData>());
 
 /// The end of the WAL inserted so far.
 ///

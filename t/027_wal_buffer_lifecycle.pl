@@ -256,4 +256,49 @@ $reload->start;
 is($reload->safe_psql('postgres', 'SELECT count(*) FROM t'), $acked, 'taken back once the other system drained it');
 $reload->stop;
 
+# ---- 7. A run without the buffer after it was last written (the path
+# emptied, as a refusal's hint offers, or the library left out): that run's
+# recovery ended where pg_wal's WAL ended and wrote its own WAL from there,
+# over what only the buffer held. Restoring the buffer at a later start
+# would write stale WAL over that run's: refused, pg_wal untouched, both
+# when the run wrote inside the buffer's WAL (after a power cut) and past it
+# (after kill -9: pg_wal had it all, but the buffer's zeroed page tail would
+# still erase the run's WAL).
+my $stale_buffer = "/dev/shm/dd_life_stale_$$.buf";
+my $stale = new_primary('stale', $stale_buffer);
+$stale->safe_psql('postgres', 'CREATE TABLE run_without (i int)');
+for my $case ('kill -9', 'power cut')
+{
+	if ($case eq 'power cut')
+	{
+		commits_then_power_cut($stale, 100001);
+	}
+	else
+	{
+		durable_commits($stale, 1, 200);
+		kill_everything($stale);
+	}
+	cmp_ok(read_wal_buffer($stale_buffer)->{tail}, '>', 0, "$case: the buffer holds WAL");
+	$stale->append_conf('postgresql.conf', "delayed_durability.wal_buffer_path = ''\n");
+	$stale->start;
+	$stale->safe_psql('postgres', 'INSERT INTO run_without SELECT generate_series(1, 100)');
+	$stale->stop;
+	$stale->append_conf('postgresql.conf', "delayed_durability.wal_buffer_path = '$stale_buffer'\n");
+	my $wal_before = pg_wal_digest($stale);
+	my $log_from = -s $stale->logfile;
+	ok(!$stale->start(fail_ok => 1), "$case: the buffer, set again after a run without it, is refused");
+	like(substr(slurp_file($stale->logfile), $log_from),
+		qr/persistent WAL buffer "\Q$stale_buffer\E" holds WAL this data directory has since overwritten/,
+		"$case: with the reason");
+	is(pg_wal_digest($stale), $wal_before, "$case: pg_wal was not modified");
+	# What the hint says: move the buffer away.
+	rename $stale_buffer, "$stale_buffer.old" or die $!;
+	push @cleanup, "$stale_buffer.old";
+	$stale->start;
+	is($stale->safe_psql('postgres', 'SELECT count(*) FROM run_without'), $case eq 'kill -9' ? '100' : '200',
+		"$case: moved away, the run without the buffer has all its commits");
+	is(buffer_in_use($stale), 't', "$case: and a new buffer is in use");
+}
+$stale->stop;
+
 done_testing();

@@ -455,6 +455,19 @@ single-user crash recovery did not load delayed_durability (give pg_rewind --con
 is outside the data directory); otherwise the backup replaced the data directory the WAL belongs to. Move the \
 buffer file away to start. pg_wal was not modified.",
         ),
+        Problem::WrittenWithoutBuffer { checkpoint } => fatal(
+            PgSqlErrorCode::ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
+            format!("persistent WAL buffer \"{shown}\" holds WAL this data directory has since overwritten"),
+            Some(format!(
+                "The latest checkpoint ({:X}/{:X}) is not in the WAL the buffer would restore: the server ran without \
+the buffer (delayed_durability.wal_buffer_path empty, or the library not loaded) after the buffer was last written, \
+and wrote WAL over what only the buffer held. Restoring it now would corrupt that WAL.",
+                checkpoint >> 32,
+                checkpoint & 0xffff_ffff
+            )),
+            "Commits acknowledged through this buffer before that run were lost when it started without the buffer. \
+Move the buffer file away to start. pg_wal was not modified.",
+        ),
         Problem::SegmentSize { buffer, cluster } => (
             PgSqlErrorCode::ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
             format!("persistent WAL buffer \"{shown}\" was written with another WAL segment size"),

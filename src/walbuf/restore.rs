@@ -21,6 +21,10 @@ pub struct Cluster {
     /// The data directory holds a backup_label: it was made by a base
     /// backup or rewound by pg_rewind, and has not written any WAL since.
     pub from_backup: bool,
+    /// Where the latest checkpoint record starts, and its content as
+    /// pg_control keeps it (the CheckPoint the record carries).
+    pub checkpoint: u64,
+    pub checkpoint_copy: Vec<u8>,
 }
 
 pub enum Problem {
@@ -40,6 +44,12 @@ pub enum Problem {
     /// WAL in the buffer of a data directory that a base backup or
     /// pg_rewind has since replaced: not this data directory's any more.
     ReplacedDataDirectory,
+    /// The latest checkpoint is not in the WAL the buffer would restore: a
+    /// run without the buffer (without the library, or with the path
+    /// emptied) wrote WAL over what the buffer holds.
+    WrittenWithoutBuffer {
+        checkpoint: u64,
+    },
     SegmentSize {
         buffer: u64,
         cluster: u64,
@@ -142,7 +152,7 @@ pub fn restore(map: &Mapping, cluster: &Cluster, write_back: bool) -> Result<Res
     // Pass 1: every record is intact, on a timeline of this cluster, and
     // its segment file exists.
     let area = &bytes[HEADER_SIZE..HEADER_SIZE + tail];
-    let mut writes: BTreeMap<(u32, u64), Vec<(u64, &[u8], u32)>> = BTreeMap::new();
+    let mut writes: Writes = BTreeMap::new();
     let mut offset = 0;
     let mut restored = Restored { owner_unreadable, ..Restored::default() };
     while offset < tail {
@@ -160,6 +170,9 @@ pub fn restore(map: &Mapping, cluster: &Cluster, write_back: bool) -> Result<Res
         restored.bytes += record.data.len() as u64 + record.zeros as u64;
         restored.records += 1;
         offset = next;
+    }
+    if tail > 0 {
+        checkpoint_in_restored_wal(cluster, &writes)?;
     }
     let mut files = Vec::new();
     for &(tli, segno) in writes.keys() {
@@ -193,6 +206,88 @@ pub fn restore(map: &Mapping, cluster: &Cluster, write_back: bool) -> Result<Res
         file.sync_data().map_err(io)?;
     }
     Ok(restored)
+}
+
+type Writes<'a> = BTreeMap<(u32, u64), Vec<(u64, &'a [u8], u32)>>;
+
+/// The run that wrote the buffer's WAL is the one that wrote the latest
+/// checkpoint: every WAL byte of a run that uses the buffer goes through
+/// it, and the buffer holds all that run wrote since its last real fsync.
+/// So the latest checkpoint lies before the buffer's end, and the WAL as
+/// the restore would leave it holds, at that position, the checkpoint
+/// pg_control names. A run without the buffer after the buffer was last
+/// written (the library not loaded, the path emptied) wrote its own
+/// end-of-recovery or shutdown checkpoint at or after where the WAL it
+/// found ended, over WAL only the buffer had: restoring the buffer then
+/// would write stale WAL over that run's.
+fn checkpoint_in_restored_wal(cluster: &Cluster, writes: &Writes) -> Result<(), Problem> {
+    use pgrx::pg_sys::{XLogRecord, XLR_BLOCK_ID_DATA_SHORT};
+    let stale = Problem::WrittenWithoutBuffer { checkpoint: cluster.checkpoint };
+    let buffer_end = writes
+        .iter()
+        .flat_map(|(&(_, segno), records)| records.iter().map(move |&(at, data, zeros)| (segno, at + data.len() as u64 + zeros as u64)))
+        .map(|(segno, end)| segno * cluster.segment_size + end)
+        .max()
+        .unwrap_or(0);
+    if cluster.checkpoint >= buffer_end {
+        return Err(stale);
+    }
+    // The record header, the short main-data header (id, length), then the
+    // CheckPoint: a checkpoint record registers nothing else.
+    let header = std::mem::size_of::<XLogRecord>();
+    let wanted = header + 2 + cluster.checkpoint_copy.len();
+    let record = logical_bytes(cluster, writes, cluster.checkpoint, wanted)?;
+    let rmid = record[std::mem::offset_of!(XLogRecord, xl_rmid)];
+    let holds_it = rmid == pgrx::pg_sys::RmgrIds::RM_XLOG_ID as u8
+        && record[header] == XLR_BLOCK_ID_DATA_SHORT as u8
+        && record[header + 1] as usize == cluster.checkpoint_copy.len()
+        && record[header + 2..] == cluster.checkpoint_copy[..];
+    if holds_it {
+        Ok(())
+    } else {
+        Err(stale)
+    }
+}
+
+/// `len` bytes of WAL record data from `lsn` on the checkpoint's timeline,
+/// as the restore would leave them (the segment file, the buffer's records
+/// over it), skipping the page headers between.
+fn logical_bytes(cluster: &Cluster, writes: &Writes, lsn: u64, len: usize) -> Result<Vec<u8>, Problem> {
+    use crate::flush::{LONG_PAGE_HEADER, SHORT_PAGE_HEADER};
+    let page = pgrx::pg_sys::XLOG_BLCKSZ as u64;
+    let mut out = Vec::with_capacity(len);
+    let mut at = lsn;
+    while out.len() < len {
+        if at % page == 0 {
+            at += if at % cluster.segment_size == 0 { LONG_PAGE_HEADER } else { SHORT_PAGE_HEADER };
+            continue;
+        }
+        // The rest of this page, as far as needed.
+        let n = ((page - at % page) as usize).min(len - out.len());
+        out.extend_from_slice(&restored_range(cluster, writes, at, n)?);
+        at += n as u64;
+    }
+    Ok(out)
+}
+
+/// `n` bytes from `lsn` within one page: the segment file's, then every
+/// buffer record over them, in buffer order (as the restore writes them).
+fn restored_range(cluster: &Cluster, writes: &Writes, lsn: u64, n: usize) -> Result<Vec<u8>, Problem> {
+    let seg = Segment { tli: cluster.timeline, segno: lsn / cluster.segment_size };
+    let in_segment = lsn % cluster.segment_size;
+    let path = seg.path();
+    let mut bytes = vec![0u8; n];
+    std::fs::File::open(&path)
+        .and_then(|f| f.read_exact_at(&mut bytes, in_segment))
+        .map_err(|e| Problem::Io(format!("could not read the latest checkpoint record in \"{path}\": {e}")))?;
+    for &(at, data, zeros) in writes.get(&(seg.tli, seg.segno)).map(Vec::as_slice).unwrap_or_default() {
+        let (from, to) = (in_segment, in_segment + n as u64);
+        let data_end = at + data.len() as u64;
+        for i in from.max(at)..to.min(data_end + zeros as u64) {
+            bytes[(i - from) as usize] = if i < data_end { data[(i - at) as usize] } else { 0 };
+        }
+    }
+    Ok(bytes)
 }
 
 /// The server's working directory: its resolved path, device and inode.
@@ -232,6 +327,11 @@ pub fn read_control_file(segment_size: u64) -> Result<Cluster, String> {
     if bytes.len() < tli_offset + 4 {
         return Err("\"global/pg_control\" is too short".into());
     }
+    let copy_offset = std::mem::offset_of!(ControlFileData, checkPointCopy);
+    let copy_end = copy_offset + std::mem::size_of::<CheckPoint>();
+    if bytes.len() < copy_end {
+        return Err("\"global/pg_control\" is too short".into());
+    }
     let data_dir = data_directory()?;
     Ok(Cluster {
         system_id: format::get_u64(&bytes, std::mem::offset_of!(ControlFileData, system_identifier)),
@@ -239,5 +339,7 @@ pub fn read_control_file(segment_size: u64) -> Result<Cluster, String> {
         timeline: format::get_u32(&bytes, tli_offset),
         data_dir,
         from_backup: std::path::Path::new("backup_label").exists(),
+        checkpoint: format::get_u64(&bytes, std::mem::offset_of!(ControlFileData, checkPoint)),
+        checkpoint_copy: bytes[copy_offset..copy_end].to_vec(),
     })
 }
