@@ -301,4 +301,36 @@ for my $case ('kill -9', 'power cut')
 }
 $stale->stop;
 
+# ---- 8. Point-in-time recovery ended by pg_promote(): only an
+# end-of-recovery record is written, the first checkpoint comes later, and
+# pg_control's copy of the checkpoint recovery started from has taken the
+# nextXid of every checkpoint record replayed since. A crash before that
+# checkpoint restores the buffer: never refused.
+my $source = new_dd_node('pitr_source', init => { allows_streaming => 1, has_archiving => 1 });
+$source->safe_psql('postgres', 'CREATE TABLE t (id int PRIMARY KEY, payload text)');
+$source->backup('pitr_base');
+for my $i (1 .. 3)
+{
+	$source->safe_psql('postgres', "INSERT INTO t SELECT g, 'source' FROM generate_series($i * 1000, $i * 1000 + 99) AS g; CHECKPOINT");
+}
+my $last_wal = $source->safe_psql('postgres', "SELECT pg_walfile_name(pg_create_restore_point('target'))");
+$source->safe_psql('postgres', 'SELECT pg_switch_wal()');
+$source->poll_query_until('postgres', "SELECT last_archived_wal >= '$last_wal' FROM pg_stat_archiver") or die 'not archived';
+$source->stop;
+my $pitr_buffer = "/dev/shm/dd_life_pitr_$$.buf";
+my $pitr = PostgreSQL::Test::Cluster->new('pitr');
+$pitr->init_from_backup($source, 'pitr_base', has_restoring => 1, standby => 0);
+$pitr->append_conf('postgresql.conf', buffer_conf($pitr_buffer) . "recovery_target_name = 'target'\nrecovery_target_action = 'pause'\n");
+$pitr->start;
+$pitr->poll_query_until('postgres', "SELECT pg_get_wal_replay_pause_state() = 'paused'") or die 'not paused';
+$pitr->safe_psql('postgres', 'SELECT pg_promote()');
+$pitr->poll_query_until('postgres', 'SELECT NOT pg_is_in_recovery()') or die 'not promoted';
+is(buffer_in_use($pitr), 't', 'point-in-time recovery ended by pg_promote(): the buffer is in use');
+$pitr->safe_psql('postgres', join('', map { "INSERT INTO t VALUES ($_, 'after');\n" } 100001 .. 100200));
+kill_everything($pitr);
+cmp_ok(read_wal_buffer($pitr_buffer)->{tail}, '>', 0, 'killed before any checkpoint: the buffer holds WAL');
+ok($pitr->start(fail_ok => 1), 'the next start restores the buffer (not refused)');
+is($pitr->safe_psql('postgres', "SELECT count(*) FROM t WHERE payload = 'after'"), '200', 'and every commit acknowledged after the promotion is there');
+$pitr->stop;
+
 done_testing();

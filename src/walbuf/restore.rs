@@ -221,7 +221,10 @@ type Writes<'a> = BTreeMap<(u32, u64), Vec<(u64, &'a [u8], u32)>>;
 /// found ended, over WAL only the buffer had: restoring the buffer then
 /// would write stale WAL over that run's.
 fn checkpoint_in_restored_wal(cluster: &Cluster, writes: &Writes) -> Result<(), Problem> {
-    use pgrx::pg_sys::{XLogRecord, XLR_BLOCK_ID_DATA_SHORT};
+    use pgrx::pg_sys::{
+        CheckPoint, XLogRecord, XLR_BLOCK_ID_DATA_LONG, XLR_BLOCK_ID_DATA_SHORT, XLR_BLOCK_ID_ORIGIN,
+        XLR_BLOCK_ID_TOPLEVEL_XID,
+    };
     let stale = Problem::WrittenWithoutBuffer { checkpoint: cluster.checkpoint };
     let buffer_end = writes
         .iter()
@@ -232,27 +235,65 @@ fn checkpoint_in_restored_wal(cluster: &Cluster, writes: &Writes) -> Result<(), 
     if cluster.checkpoint >= buffer_end {
         return Err(stale);
     }
-    // The record header, the short main-data header (id, length), then the
-    // CheckPoint: a checkpoint record registers nothing else.
+    // Where recovery would read the checkpoint: its timeline's segment, or
+    // (after a promotion) the .partial one, or a newer timeline's copy of
+    // it. A refusal here would keep a server down whose buffer is all that
+    // holds its acknowledged commits: what cannot be read is not evidence.
+    let segno = cluster.checkpoint / cluster.segment_size;
+    let Some(tli) = checkpoint_timeline(cluster, writes, segno) else { return Ok(()) };
+    // The record header, the blocks a checkpoint record can carry before
+    // its main data (a replication origin, a top-level xid), the main-data
+    // header, the CheckPoint.
     let header = std::mem::size_of::<XLogRecord>();
-    let wanted = header + 2 + cluster.checkpoint_copy.len();
-    let record = logical_bytes(cluster, writes, cluster.checkpoint, wanted)?;
-    let rmid = record[std::mem::offset_of!(XLogRecord, xl_rmid)];
-    let holds_it = rmid == pgrx::pg_sys::RmgrIds::RM_XLOG_ID as u8
-        && record[header] == XLR_BLOCK_ID_DATA_SHORT as u8
-        && record[header + 1] as usize == cluster.checkpoint_copy.len()
-        && record[header + 2..] == cluster.checkpoint_copy[..];
-    if holds_it {
+    let size = cluster.checkpoint_copy.len();
+    let record = logical_bytes(cluster, writes, tli, cluster.checkpoint, header + 3 + 5 + 5 + size)?;
+    if record[std::mem::offset_of!(XLogRecord, xl_rmid)] != pgrx::pg_sys::RmgrIds::RM_XLOG_ID as u8 {
+        return Err(stale);
+    }
+    let mut at = header;
+    let data = loop {
+        match record[at] as u32 {
+            XLR_BLOCK_ID_ORIGIN => at += 1 + 2,
+            XLR_BLOCK_ID_TOPLEVEL_XID => at += 1 + 4,
+            XLR_BLOCK_ID_DATA_SHORT => break Some((at + 2, record[at + 1] as usize)),
+            XLR_BLOCK_ID_DATA_LONG => {
+                break Some((at + 5, u32::from_ne_bytes(record[at + 1..at + 5].try_into().expect("4 bytes")) as usize))
+            }
+            // A block reference: not a checkpoint record.
+            _ => break None,
+        }
+    };
+    let Some((from, len)) = data.filter(|&(_, len)| len == size) else { return Err(stale) };
+    // Replay keeps pg_control's nextXid at the latest checkpoint record
+    // replayed: every other field is the record's own.
+    let next_xid = std::mem::offset_of!(CheckPoint, nextXid);
+    let xid_end = next_xid + std::mem::size_of::<pgrx::pg_sys::FullTransactionId>();
+    let ours = &record[from..from + len];
+    let control = &cluster.checkpoint_copy[..];
+    if ours[..next_xid] == control[..next_xid] && ours[xid_end..] == control[xid_end..] {
         Ok(())
     } else {
         Err(stale)
     }
 }
 
-/// `len` bytes of WAL record data from `lsn` on the checkpoint's timeline,
-/// as the restore would leave them (the segment file, the buffer's records
-/// over it), skipping the page headers between.
-fn logical_bytes(cluster: &Cluster, writes: &Writes, lsn: u64, len: usize) -> Result<Vec<u8>, Problem> {
+/// The timeline whose file of segment `segno` holds the checkpoint record:
+/// the checkpoint's own, then those the buffer's records were written on
+/// (a promotion copies the segment of the switch into the new timeline's
+/// file); the checkpoint's `.partial` file last. None when no file is there.
+fn checkpoint_timeline(cluster: &Cluster, writes: &Writes, segno: u64) -> Option<u32> {
+    let mut tlis = vec![cluster.timeline];
+    tlis.extend(writes.keys().map(|&(tli, _)| tli).filter(|&t| t > cluster.timeline));
+    tlis.into_iter().find(|&tli| std::path::Path::new(&Segment { tli, segno }.path()).exists()).or_else(|| {
+        let partial = format!("{}.partial", Segment { tli: cluster.timeline, segno }.path());
+        std::path::Path::new(&partial).exists().then_some(u32::MAX)
+    })
+}
+
+/// `len` bytes of WAL record data from `lsn`, as the restore would leave
+/// them (the segment file of timeline `tli`, the buffer's records over it),
+/// skipping the page headers between.
+fn logical_bytes(cluster: &Cluster, writes: &Writes, tli: u32, lsn: u64, len: usize) -> Result<Vec<u8>, Problem> {
     use crate::flush::{LONG_PAGE_HEADER, SHORT_PAGE_HEADER};
     let page = pgrx::pg_sys::XLOG_BLCKSZ as u64;
     let mut out = Vec::with_capacity(len);
@@ -264,23 +305,34 @@ fn logical_bytes(cluster: &Cluster, writes: &Writes, lsn: u64, len: usize) -> Re
         }
         // The rest of this page, as far as needed.
         let n = ((page - at % page) as usize).min(len - out.len());
-        out.extend_from_slice(&restored_range(cluster, writes, at, n)?);
+        out.extend_from_slice(&restored_range(cluster, writes, tli, at, n)?);
         at += n as u64;
     }
     Ok(out)
 }
 
-/// `n` bytes from `lsn` within one page: the segment file's, then every
-/// buffer record over them, in buffer order (as the restore writes them).
-fn restored_range(cluster: &Cluster, writes: &Writes, lsn: u64, n: usize) -> Result<Vec<u8>, Problem> {
-    let seg = Segment { tli: cluster.timeline, segno: lsn / cluster.segment_size };
+/// `n` bytes from `lsn` within one page: the segment file's (u32::MAX: the
+/// checkpoint timeline's .partial file), then every buffer record over
+/// them, in buffer order (as the restore writes them). Past the file's end
+/// (the record may run into a segment not there), zeros.
+fn restored_range(cluster: &Cluster, writes: &Writes, tli: u32, lsn: u64, n: usize) -> Result<Vec<u8>, Problem> {
+    let segno = lsn / cluster.segment_size;
+    let (file_tli, path) = if tli == u32::MAX {
+        (cluster.timeline, format!("{}.partial", Segment { tli: cluster.timeline, segno }.path()))
+    } else {
+        (tli, Segment { tli, segno }.path())
+    };
     let in_segment = lsn % cluster.segment_size;
-    let path = seg.path();
     let mut bytes = vec![0u8; n];
-    std::fs::File::open(&path)
-        .and_then(|f| f.read_exact_at(&mut bytes, in_segment))
-        .map_err(|e| Problem::Io(format!("could not read the latest checkpoint record in \"{path}\": {e}")))?;
-    for &(at, data, zeros) in writes.get(&(seg.tli, seg.segno)).map(Vec::as_slice).unwrap_or_default() {
+    match std::fs::File::open(&path) {
+        Ok(f) => {
+            f.read_exact_at(&mut bytes, in_segment)
+                .map_err(|e| Problem::Io(format!("could not read the latest checkpoint record in \"{path}\": {e}")))?;
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(Problem::Io(format!("could not read the latest checkpoint record in \"{path}\": {e}"))),
+    }
+    for &(at, data, zeros) in writes.get(&(file_tli, segno)).map(Vec::as_slice).unwrap_or_default() {
         let (from, to) = (in_segment, in_segment + n as u64);
         let data_end = at + data.len() as u64;
         for i in from.max(at)..to.min(data_end + zeros as u64) {
