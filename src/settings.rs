@@ -138,13 +138,47 @@ fn delayed_durability_cluster_settings() -> TableIterator<
     }
     // SAFETY: as in publish().
     let v = |s: Setting| unsafe { (*shared).values[s as usize].load(Ordering::Relaxed) };
+    let all = all_roles_settings();
     TableIterator::once((
-        Some(mode_name(v(Setting::Mode))),
-        Some(v(Setting::MaxLossBytes) as i64),
-        Some(v(Setting::MaxLossTime) as i64),
-        Some(v(Setting::TrackLostCommits) != 0),
+        Some(all.0.unwrap_or(mode_name(v(Setting::Mode)))),
+        Some(all.1.unwrap_or(v(Setting::MaxLossBytes) as i64)),
+        Some(all.2.unwrap_or(v(Setting::MaxLossTime) as i64)),
+        Some(all.3.unwrap_or(v(Setting::TrackLostCommits) != 0)),
         true,
     ))
+}
+
+/// `ALTER ROLE ALL SET` (database 0, role 0 in pg_db_role_setting):
+/// PostgreSQL applies it to every session over postgresql.conf and ALTER
+/// SYSTEM, so it is part of the cluster-wide value a database's own
+/// setting overrides. Read as the view reads a database's settings.
+fn all_roles_settings() -> (Option<&'static str>, Option<i64>, Option<i64>, Option<bool>) {
+    const QUERY: &str = r"
+SELECT max(split_part(s, '=', 2)) FILTER (WHERE s LIKE 'delayed\_durability.mode=%'),
+       pg_catalog.pg_size_bytes(max(split_part(s, '=', 2)) FILTER (WHERE s LIKE 'delayed\_durability.max\_loss\_bytes=%'))::bigint,
+       (SELECT (extract(epoch FROM CASE WHEN t ~ '^[0-9]+$' THEN (t || 'ms')::interval ELSE t::interval END) * 1000)::bigint
+          FROM (SELECT max(split_part(s, '=', 2)) FILTER (WHERE s LIKE 'delayed\_durability.max\_loss\_time=%') AS t) AS time_setting),
+       max(split_part(s, '=', 2)) FILTER (WHERE s LIKE 'delayed\_durability.track\_lost\_commits=%')::boolean
+  FROM pg_catalog.pg_db_role_setting r, unnest(r.setconfig) AS s
+ WHERE r.setdatabase = 0 AND r.setrole = 0";
+    // A read-only query: Spi::get_one() would assign a transaction id.
+    let row = Spi::connect(|client| {
+        let row = client.select(QUERY, Some(1), &[])?.first();
+        Ok::<_, pgrx::spi::Error>((
+            row.get::<String>(1)?,
+            row.get::<i64>(2)?,
+            row.get::<i64>(3)?,
+            row.get::<bool>(4)?,
+        ))
+    });
+    let Ok((mode, bytes, time, track)) = row else { return (None, None, None, None) };
+    let mode = mode.and_then(|m| match m.trim_matches('"').to_ascii_lowercase().as_str() {
+        "disabled" => Some(mode_name(0)),
+        "allowed" => Some(mode_name(1)),
+        "forced" => Some(mode_name(2)),
+        _ => None,
+    });
+    (mode, bytes, time, track)
 }
 
 /// Run by CREATE EXTENSION and ALTER EXTENSION ... UPDATE: without the

@@ -66,5 +66,18 @@ is($node->safe_psql('postgres', q{SELECT datname, mode, mode_source, max_loss_by
 ok($node->log_contains(qr/invalid value for parameter "delayed_durability.mode": "sometimes"/),
 	'invalid value reported in the server log');
 
+# ALTER ROLE ALL SET applies to every session over postgresql.conf: the
+# view shows it as the cluster's value, under each database's own.
+$node->safe_psql('postgres', q{ALTER ROLE ALL SET delayed_durability.mode = 'disabled';
+ALTER ROLE ALL SET delayed_durability.max_loss_bytes = '8kB'; ALTER ROLE ALL SET delayed_durability.max_loss_time = '1s'});
+is($node->safe_psql('postgres', 'SHOW delayed_durability.mode'), 'disabled', 'ALTER ROLE ALL SET is in force in a new session');
+is($node->safe_psql('postgres', q{SELECT datname, mode, mode_source, max_loss_bytes, max_loss_time
+  FROM delayed_durability_settings WHERE datname IN ('postgres', 'shop') ORDER BY 1}),
+	"postgres|disabled|cluster|8192|00:00:01\nshop|forced|database|16384|00:00:00.2",
+	'the settings view shows ALTER ROLE ALL SET as the cluster-wide value, under a database\'s own');
+$node->safe_psql('postgres', 'ALTER ROLE ALL RESET ALL');
+is($node->safe_psql('postgres', q{SELECT mode, max_loss_bytes FROM delayed_durability_settings WHERE datname = 'postgres'}),
+	'allowed|0', 'and the postmaster\'s value again once it is reset');
+
 $node->stop;
 done_testing();
