@@ -288,8 +288,28 @@ $copy->stop;
 $node->append_conf('postgresql.conf', "max_worker_processes = 8\n");
 $node->restart;
 
+# ---- receipts of commits a crash lost read lost, and go on doing so once
+# the report is reset (it keeps when each crash was recovered, and up to
+# where), whatever WAL is written at their positions since.
+settle_wal_writer($node);
+$node->safe_psql('postgres', 'SELECT flush_log()');
+my @lost_receipts = split /\n/, $node->safe_psql('postgres',
+	join('', map { "INSERT INTO acked SELECT pg_current_xact_id(), -$_;\nSELECT last_commit_receipt();\n" } 1 .. 3));
+my $receipts_flushed = lsn_to_int($node->safe_psql('postgres', 'SELECT pg_current_wal_flush_lsn()'));
+my $receipts_since = now();
+kill_everything($node);
+zero_wal_after($node, $receipts_flushed);
+$node->start;
+wait_for_report($receipts_since);
+my $receipt_statuses = sub {
+	return $node->safe_psql('postgres', 'SELECT string_agg(s.status, \',\' ORDER BY r) FROM unnest(ARRAY['
+		  . join(',', map { "'$_'" } @lost_receipts) . ']) AS r, receipt_status(r) AS s');
+};
+is($receipt_statuses->(), 'lost,lost,lost', 'receipts of the commits the crash lost read lost');
+
 # ---- privileges and reset
 $node->safe_psql('postgres', 'CREATE ROLE monitor LOGIN');
+
 my ($ret, $out, $err) = $node->psql('postgres', 'SELECT count(*) FROM delayed_durability_lost_commits', extra_params => [ '-U', 'monitor' ]);
 like($err, qr/permission denied for view delayed_durability_lost_commits/, 'not readable by default');
 ($ret, $out, $err) = $node->psql('postgres', 'SELECT count(*) FROM delayed_durability_lost_commit_rows()', extra_params => [ '-U', 'monitor' ]);
@@ -302,6 +322,8 @@ like($err, qr/permission denied for function delayed_durability_lost_commits_res
 $node->safe_psql('postgres', 'SELECT delayed_durability_lost_commits_reset()');
 is($node->safe_psql('postgres', 'SELECT (SELECT count(*) FROM delayed_durability_lost_commits) + (SELECT count(*) FROM delayed_durability_crashes)'),
 	'0', 'reset empties the report');
+$node->safe_psql('postgres', 'CREATE TABLE filler (i int); INSERT INTO filler SELECT generate_series(1, 500); SELECT flush_log()');
+is($receipt_statuses->(), 'lost,lost,lost', 'after the reset, and WAL flushed past their positions, they still read lost');
 $node->restart;
 is($node->safe_psql('postgres', 'SELECT count(*) FROM delayed_durability_crashes'), '0', 'and it stays empty');
 $node->stop;

@@ -199,5 +199,48 @@ $node->start;
 like(crash_row($since), qr/^NULL\|f\|unknown: the server restarted before the comparison could run/,
 	'a crash recovered in single-user mode: unknown at the next start');
 
+# ---- the report's own files unreadable (permissions, an I/O error, bytes
+# that are not text): the views fail with an error, never show an empty
+# report, and the next crash moves the file aside (WARNING) instead of
+# writing over it.
+my $report_file = "$dir/lost";
+my $crashes_before = $node->safe_psql('postgres', 'SELECT count(*) FROM delayed_durability_crashes');
+cmp_ok($crashes_before, '>', 0, 'crashes are reported');
+chmod 0000, $report_file or die $!;
+for my $view ('delayed_durability_crashes', 'delayed_durability_lost_commits')
+{
+	my ($rc, $out, $err) = $node->psql('postgres', "\\set VERBOSITY verbose\nSELECT count(*) FROM $view");
+	like($err, qr/ERROR:  58030: could not read the crash report "delayed_durability\/lost": Permission denied/,
+		"an unreadable crash report: $view fails with SQLSTATE 58030, not an empty report");
+}
+my $log_from = -s $node->logfile;
+my ($since, @lost) = crash_with_damaged_record(sub { });
+like(crash_row($since), qr/^5\|t\|exact: 5 of \d+ /, 'the next crash is reported exactly, in a new report');
+like(substr(slurp_file($node->logfile), $log_from),
+	qr/WARNING:  delayed_durability: "delayed_durability\/lost" could not be read \(Permission denied.*\); it was moved to "delayed_durability\/lost.damaged"/,
+	'with a WARNING that the unreadable report was moved aside');
+chmod 0600, "$report_file.damaged" or die $!;
+is(scalar(() = slurp_file("$report_file.damaged") =~ /^crash\t/mg), $crashes_before, 'which kept every crash it held');
+is($node->safe_psql('postgres', 'SELECT count(*) FROM delayed_durability_crashes'), '1', 'the new report holds the new crash only');
+
+my $failover_file = "$dir/failovers";
+ok(-f $failover_file, 'the failover history file exists (the timeline this server runs on)');
+chmod 0000, $failover_file or die $!;
+my ($rc, $out, $err) = $node->psql('postgres', "\\set VERBOSITY verbose\nSELECT count(*) FROM delayed_durability_failovers");
+like($err, qr/ERROR:  58030: could not read the failover history "delayed_durability\/failovers": Permission denied/,
+	'an unreadable failover history: the view fails with SQLSTATE 58030');
+$log_from = -s $node->logfile;
+$node->restart;
+# Which timeline it ran on went with the file: the promotion to the one it
+# runs on (earlier in this test) is recorded again rather than missed.
+$node->poll_query_until('postgres',
+	'SELECT count(*) = 1 AND bool_and(new_timeline = (SELECT timeline_id FROM pg_control_checkpoint())) FROM delayed_durability_failovers')
+  or diag('failovers: ' . ($node->psql('postgres', 'SELECT * FROM delayed_durability_failovers'))[2]);
+like(substr(slurp_file($node->logfile), $log_from),
+	qr/WARNING:  delayed_durability: "delayed_durability\/failovers" could not be read \(Permission denied.*\); it was moved to "delayed_durability\/failovers.damaged"/,
+	'the next start moves it aside with a WARNING');
+is($node->safe_psql('postgres', 'SELECT old_timeline + 1 = new_timeline FROM delayed_durability_failovers'), 't',
+	'and the view works again, the promotion to this timeline recorded again rather than missed');
+
 $node->stop;
 done_testing();

@@ -184,5 +184,19 @@ $standby->restart;
 is($standby->safe_psql('postgres', 'SELECT count(*) FROM delayed_durability_failovers'), '0',
 	'and the next start does not record that promotion again');
 
+# ---- a delayed commit that no record keeps (track_lost_commits and
+# max_loss_time off) makes the age read from the record unknown (NULL),
+# never younger, until the next start.
+$standby->safe_psql('postgres', 'CREATE TABLE aged (i int)');
+settle_wal_writer($standby);
+$standby->safe_psql('postgres', "SET delayed_durability.mode = 'forced'; INSERT INTO aged VALUES (1)");
+is($standby->safe_psql('postgres', 'SELECT delayed_durability_oldest_unflushed_commit_age() IS NOT NULL'), 't',
+	'a recorded delayed commit, not flushed: its age is known');
+$standby->safe_psql('postgres', 'ALTER SYSTEM SET delayed_durability.track_lost_commits = off; SELECT pg_reload_conf()');
+$standby->poll_query_until('postgres', "SELECT current_setting('delayed_durability.track_lost_commits') = 'off'") or die;
+$standby->safe_psql('postgres', "SET delayed_durability.mode = 'forced'; INSERT INTO aged VALUES (2)");
+is($standby->safe_psql('postgres', 'SELECT delayed_durability_oldest_unflushed_commit_age() IS NULL'), 't',
+	'after a delayed commit no record keeps: the age is unknown, not that of the recorded one');
+
 $standby->stop;
 done_testing();

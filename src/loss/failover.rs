@@ -38,6 +38,7 @@ struct Failover {
     detail: String,
 }
 
+#[derive(Default)]
 struct Failovers {
     /// The timeline this server last ran on.
     timeline: Option<u32>,
@@ -62,9 +63,29 @@ fn fingerprint(bytes: &[u8]) -> String {
     format!("{:016x}", super::fnv1a(bytes))
 }
 
-fn read_failovers() -> Failovers {
-    let mut out = Failovers { timeline: None, events: Vec::new(), lost: Vec::new(), records: Vec::new() };
-    let text = std::fs::read_to_string(FAILOVER_FILE).unwrap_or_default();
+/// The failover history for the report worker: an unreadable one is set
+/// aside (WARNING) and a new one starts.
+fn failovers_to_extend() -> Failovers {
+    read_failovers().unwrap_or_else(|e| {
+        report::set_aside_unreadable(FAILOVER_FILE, &e);
+        Failovers::default()
+    })
+}
+
+/// The failover history for SQL: an unreadable one is an error.
+fn failovers_to_show() -> Failovers {
+    read_failovers().unwrap_or_else(|e| {
+        error(
+            PgSqlErrorCode::ERRCODE_IO_ERROR,
+            format!("could not read the failover history \"{FAILOVER_FILE}\": {e}"),
+            "Fix the file's permissions, or move it away; the report worker moves an unreadable history aside at the next start.",
+        )
+    })
+}
+
+fn read_failovers() -> std::io::Result<Failovers> {
+    let mut out = Failovers::default();
+    let text = report::read_text(FAILOVER_FILE)?.unwrap_or_default();
     for line in text.lines() {
         let f: Vec<&str> = line.splitn(8, '\t').collect();
         let n = |i: usize| f.get(i).and_then(|v| v.parse::<i64>().ok()).unwrap_or(0);
@@ -86,7 +107,7 @@ fn read_failovers() -> Failovers {
             _ => {}
         }
     }
-    out
+    Ok(out)
 }
 
 fn write_failovers(f: &Failovers) -> std::io::Result<()> {
@@ -120,7 +141,7 @@ fn write_failovers(f: &Failovers) -> std::io::Result<()> {
 /// the last promotion again.
 pub(super) fn forget() -> std::io::Result<()> {
     let _lock = lock()?;
-    let mut failovers = read_failovers();
+    let mut failovers = read_failovers()?;
     if failovers.events.is_empty() && failovers.lost.is_empty() {
         return Ok(());
     }
@@ -147,7 +168,7 @@ pub fn follow_timeline() -> std::io::Result<()> {
     // left to note_timeline(), which records it as a failover.
     let Some(current) = crate::timeline::followed() else { return Ok(()) };
     let _lock = lock()?;
-    let mut failovers = read_failovers();
+    let mut failovers = failovers_to_extend();
     if failovers.timeline.is_some_and(|t| t >= current) {
         return Ok(());
     }
@@ -208,7 +229,13 @@ pub fn note_timeline() -> std::io::Result<()> {
     let heard = HEARD.0.get();
     let current = crate::timeline::current();
     let _lock = lock()?;
-    let mut failovers = read_failovers();
+    let mut failovers = read_failovers().unwrap_or_else(|e| {
+        report::set_aside_unreadable(FAILOVER_FILE, &e);
+        // The timeline it last ran on is lost with it: a promotion this
+        // start follows is recorded (once more, maybe), never missed.
+        let parent = crate::timeline::read(current).ok().and_then(|h| h.ancestors.iter().map(|&(t, _)| t).max());
+        Failovers { timeline: parent, ..Failovers::default() }
+    });
     if failovers.timeline == Some(current) {
         return Ok(());
     }
@@ -381,7 +408,7 @@ fn import(ring: &Ring, fp: &str, source: &str, old_timeline: Option<i32>, again_
     let _lock = lock().unwrap_or_else(|e| {
         error(PgSqlErrorCode::ERRCODE_IO_ERROR, format!("could not lock \"{FAILOVER_FILE}.lock\": {e}"), "")
     });
-    let mut failovers = read_failovers();
+    let mut failovers = failovers_to_show();
     if let Some((id, _)) = failovers.records.iter().find(|(_, f)| f == fp) {
         let event = failovers.events.iter().find(|e| e.id == *id);
         let (old_tli, lost) = event.map_or((0, 0), |e| (e.old_tli, e.lost.unwrap_or(0)));
@@ -483,7 +510,7 @@ fn delayed_durability_failover_rows() -> TableIterator<
 > {
     crate::preload::require_preloaded();
     report::require_view_privilege("delayed_durability_failovers");
-    let rows: Vec<_> = read_failovers()
+    let rows: Vec<_> = failovers_to_show()
         .events
         .into_iter()
         .map(|e| {
@@ -507,7 +534,7 @@ fn delayed_durability_failover_lost_rows() -> TableIterator<
 > {
     crate::preload::require_preloaded();
     report::require_view_privilege("delayed_durability_lost_commits");
-    let f = read_failovers();
+    let f = failovers_to_show();
     let rows: Vec<_> = f
         .lost
         .iter()
@@ -538,7 +565,9 @@ fn delayed_durability_exposure(
     report::require_view_privilege("delayed_durability_standby_exposure");
     let lsn = lsn as u64;
     let bytes = crate::flush::insert_end().saturating_sub(lsn) as i64;
-    let Some(ring) = super::ring() else { return TableIterator::once((None, bytes, None)) };
+    // A delayed commit acknowledged without being recorded (a database with
+    // the record off) makes the count unknown, not smaller.
+    let Some(ring) = super::ring().filter(|r| !r.is_incomplete()) else { return TableIterator::once((None, bytes, None)) };
     let (count, oldest) = ring.acknowledged_after(lsn);
     TableIterator::once((Some(count as i64), bytes, oldest.and_then(report::timestamp)))
 }

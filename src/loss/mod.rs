@@ -255,8 +255,9 @@ fn flush_for_budget(commit_end: u64) -> bool {
 }
 
 /// How long ago the oldest acknowledged delayed commit whose WAL is not yet
-/// flushed was acknowledged; NULL when there is none (or nothing records
-/// acknowledgements: track_lost_commits and max_loss_time both off).
+/// flushed was acknowledged; NULL when there is none, or when it cannot be
+/// known: a delayed commit was acknowledged without being recorded since
+/// the start (a database with track_lost_commits and max_loss_time off).
 #[pg_extern(volatile, parallel_safe)]
 fn delayed_durability_oldest_unflushed_commit_age() -> Option<Interval> {
     crate::preload::require_preloaded();
@@ -264,7 +265,8 @@ fn delayed_durability_oldest_unflushed_commit_age() -> Option<Interval> {
         return None;
     }
     let now = now();
-    let oldest = ring()?.oldest_unflushed(flush_end(), now)?;
+    let ring = ring().filter(|r| !r.is_incomplete())?;
+    let oldest = ring.oldest_unflushed(flush_end(), now)?;
     Some(Interval::from_micros((now - oldest).max(0)))
 }
 

@@ -492,7 +492,7 @@ pub(super) fn next_crash_id() -> i64 {
     let highest = parse_pending(&pending)
         .iter()
         .map(|c| c.id)
-        .chain(read_report().crashes.iter().map(|c| c.id))
+        .chain(read_report().unwrap_or_default().crashes.iter().map(|c| c.id))
         .max()
         .unwrap_or(0);
     crate::stats::now().max(highest + 1)
@@ -504,7 +504,12 @@ pub(super) fn append_report(lines: &str) -> std::io::Result<()> {
     if lines.is_empty() {
         return Ok(());
     }
-    let mut text = std::fs::read_to_string(REPORT_FILE).unwrap_or_default();
+    let mut text = read_text(REPORT_FILE)
+        .unwrap_or_else(|e| {
+            set_aside_unreadable(REPORT_FILE, &e);
+            None
+        })
+        .unwrap_or_default();
     text.push_str(lines);
     let tmp = format!("{REPORT_FILE}.tmp");
     let mut f = std::fs::File::create(&tmp)?;
@@ -656,14 +661,21 @@ pub(super) fn time_text(t: i64) -> String {
 /// Compares every pending crash with the end of the recovered WAL and
 /// appends the outcome to the report.
 pub(super) fn compare_pending() -> std::io::Result<()> {
-    let Ok(text) = std::fs::read_to_string(PENDING_FILE) else {
-        return Ok(());
+    let text = match read_text(PENDING_FILE) {
+        Ok(Some(text)) => text,
+        Ok(None) => return Ok(()),
+        // A crash happened (its record was noted) but cannot be listed.
+        Err(e) => {
+            set_aside_unreadable(PENDING_FILE, &e);
+            report_unknown_now(vec![(format!("the noted record of the crash \"{PENDING_FILE}\" could not be read: {e}"), 0)]);
+            return Ok(());
+        }
     };
     // SAFETY: reads shared recovery state; after crash recovery it is the
     // end of the last record replayed, i.e. of the recovered WAL.
     let recovered_end = unsafe { pg_sys::GetXLogReplayRecPtr(std::ptr::null_mut()) };
     let recovered_at = crate::stats::now();
-    let reported: Vec<i64> = read_report().crashes.iter().map(|c| c.id).collect();
+    let reported: Vec<i64> = report_to_extend().crashes.iter().map(|c| c.id).collect();
     let mut out = String::new();
     for crash in parse_pending(&text).into_iter().filter(|c| !reported.contains(&c.id)) {
         let mut lost: Vec<&Acked> = crash.entries.iter().filter(|a| a.commit_end > recovered_end).collect();
@@ -694,9 +706,13 @@ pub(super) fn compare_pending() -> std::io::Result<()> {
             format!("exact: {} of {} recorded acknowledged delayed commits lost", lost.len(), crash.entries.len())
         };
         let lost_count = if status == Status::Exact { lost.len().to_string() } else { "-".into() };
+        // A crash another one followed before this comparison: where its
+        // own recovery ended is unknown (the WAL after it was written
+        // again), so receipts cannot be judged by this one's end.
+        let row_end = if status == Status::UnknownSecondCrash { 0 } else { recovered_end };
         let _ = writeln!(
             out,
-            "crash\t{}\t{recovered_at}\t{recovered_end}\t{lost_count}\t{summarized_may_be_lost}\t{}\t{}",
+            "crash\t{}\t{recovered_at}\t{row_end}\t{lost_count}\t{summarized_may_be_lost}\t{}\t{}",
             crash.id,
             exact as u8,
             detail.replace(['\t', '\n'], " ")
@@ -759,12 +775,62 @@ pub(super) struct LostCommit {
 pub(super) struct Report {
     pub crashes: Vec<ReportedCrash>,
     pub lost: Vec<LostCommit>,
+    /// When each crash forgotten by a reset was recovered, and up to
+    /// where: receipts still need them (0: unknown).
+    pub recoveries: Vec<(i64, u64)>,
 }
 
-pub(super) fn read_report() -> Report {
+/// A report file's text: None when there is none. A file that exists but
+/// cannot be read (permissions, an I/O error, bytes that are not text) is
+/// an error, never an empty report.
+pub(super) fn read_text(path: &str) -> std::io::Result<Option<String>> {
+    match std::fs::read_to_string(path) {
+        Ok(text) => Ok(Some(text)),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(e),
+    }
+}
+
+/// For the report's writers (the worker, the postmaster): a report file
+/// that cannot be read is moved aside as `<file>.damaged`, with a WARNING,
+/// and a new one starts; rewriting it would destroy what it holds.
+pub(super) fn set_aside_unreadable(path: &str, e: &std::io::Error) {
+    let aside = format!("{path}.damaged");
+    match std::fs::rename(path, &aside) {
+        Ok(()) => {
+            let _ = sync_dir();
+            pgrx::warning!("delayed_durability: \"{path}\" could not be read ({e}); it was moved to \"{aside}\" and a new one starts");
+        }
+        Err(r) => pgrx::warning!("delayed_durability: \"{path}\" could not be read ({e}) nor moved aside ({r})"),
+    }
+}
+
+/// The crash report for its writers: an unreadable one is set aside.
+fn report_to_extend() -> Report {
+    read_report().unwrap_or_else(|e| {
+        set_aside_unreadable(REPORT_FILE, &e);
+        Report::default()
+    })
+}
+
+/// The crash report for the views: an unreadable one is an error.
+fn report_to_show() -> Report {
+    read_report().unwrap_or_else(|e| {
+        pg_sys::panic::ErrorReport::new(
+            PgSqlErrorCode::ERRCODE_IO_ERROR,
+            format!("could not read the crash report \"{REPORT_FILE}\": {e}"),
+            "",
+        )
+        .set_hint("Fix the file's permissions, or move it away; the server moves an unreadable report aside at its next crash.")
+        .report(PgLogLevel::ERROR);
+        unreachable!("ERROR does not return")
+    })
+}
+
+pub(super) fn read_report() -> std::io::Result<Report> {
     let mut report = Report::default();
-    let Ok(text) = std::fs::read_to_string(REPORT_FILE) else {
-        return report;
+    let Some(text) = read_text(REPORT_FILE)? else {
+        return Ok(report);
     };
     for line in text.lines() {
         let f: Vec<&str> = line.splitn(9, '\t').collect();
@@ -779,6 +845,7 @@ pub(super) fn read_report() -> Report {
                 exact: f[6] == "1",
                 detail: f[7].to_string(),
             }),
+            Some(&"recovery") if f.len() >= 3 => report.recoveries.push((n(1), n(2) as u64)),
             Some(&"lost") if f.len() >= 6 => report.lost.push(LostCommit {
                 crash: n(1),
                 acked: Acked { fxid: n(2) as u64, datid: n(3) as u32, commit_end: n(4) as u64, ack_time: n(5) },
@@ -786,7 +853,7 @@ pub(super) fn read_report() -> Report {
             _ => {}
         }
     }
-    report
+    Ok(report)
 }
 
 /// The report is for superusers and the roles granted SELECT on its view;
@@ -829,7 +896,7 @@ fn delayed_durability_crash_rows() -> TableIterator<
 > {
     crate::preload::require_preloaded();
     require_view_privilege("delayed_durability_crashes");
-    let mut rows: Vec<_> = read_report()
+    let mut rows: Vec<_> = report_to_show()
         .crashes
         .into_iter()
         .map(|c| (timestamp(c.recovered_at), c.recovered_end as i64, c.lost, c.summarized, c.exact, c.detail))
@@ -859,7 +926,7 @@ fn delayed_durability_lost_commit_rows() -> TableIterator<
 > {
     crate::preload::require_preloaded();
     require_view_privilege("delayed_durability_lost_commits");
-    let report = read_report();
+    let report = report_to_show();
     let rows: Vec<_> = report
         .lost
         .iter()
@@ -878,34 +945,48 @@ fn delayed_durability_lost_commit_rows() -> TableIterator<
 }
 
 /// Forgets every reported crash: removes the report file.
+/// Forgets the crashes and their lost commits, but not when each crash was
+/// recovered and up to where: a receipt of a commit one of them lost must
+/// not read durable once the report is reset.
 pub(super) fn forget_crashes() -> std::io::Result<()> {
-    match std::fs::remove_file(REPORT_FILE) {
-        Ok(()) => sync_dir(),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
-        Err(e) => Err(std::io::Error::new(e.kind(), format!("could not remove \"{REPORT_FILE}\": {e}"))),
+    let report = read_report().map_err(|e| std::io::Error::new(e.kind(), format!("could not read \"{REPORT_FILE}\": {e}")))?;
+    let mut text = String::new();
+    for (at, end) in report.recoveries.iter().copied().chain(report.crashes.iter().map(|c| (c.recovered_at, c.recovered_end))) {
+        let _ = writeln!(text, "recovery\t{at}\t{end}");
     }
+    let tmp = format!("{REPORT_FILE}.tmp");
+    let mut f = std::fs::File::create(&tmp)?;
+    f.write_all(text.as_bytes())?;
+    f.sync_all()?;
+    std::fs::rename(&tmp, REPORT_FILE)?;
+    sync_dir()
 }
 
 /// Whether a crash since `at` lost the commit of `fxid` that ended at `end`:
 /// Some((true, why)) when it did, Some((false, why)) when a crash since
 /// cannot tell, None when no crash since touched it.
 pub(super) fn lost_since(fxid: u64, end: u64, at: i64) -> Option<(bool, String)> {
-    let report = read_report();
+    let report = match read_report() {
+        Ok(report) => report,
+        Err(e) => return Some((false, format!("the crash report \"{REPORT_FILE}\" cannot be read: {e}"))),
+    };
     let recovered_at = |id: i64| report.crashes.iter().find(|c| c.id == id).map(|c| time_text(c.recovered_at));
     if let Some(l) = report.lost.iter().find(|l| l.acked.fxid == fxid && l.acked.commit_end == end) {
         return Some((true, format!("lost in the crash recovered at {}", recovered_at(l.crash).unwrap_or_default())));
     }
-    for c in report.crashes.iter().filter(|c| c.recovered_at > at) {
-        if c.recovered_end == 0 {
-            return Some((false, format!("a crash after the commit ({}) could not be compared", c.detail)));
+    let crashes = report.crashes.iter().map(|c| (c.recovered_at, c.recovered_end, c.detail.as_str()));
+    let forgotten = report.recoveries.iter().map(|&(at, end)| (at, end, "reset from the report since"));
+    for (recovered_at, recovered_end, detail) in crashes.chain(forgotten).filter(|c| c.0 > at) {
+        if recovered_end == 0 {
+            return Some((false, format!("a crash after the commit ({detail}) could not be compared")));
         }
-        if c.recovered_end < end {
+        if recovered_end < end {
             return Some((
                 true,
                 format!(
                     "the crash recovered at {} replayed WAL up to {} only, before the commit's end",
-                    time_text(c.recovered_at),
-                    lsn_text(c.recovered_end)
+                    time_text(recovered_at),
+                    lsn_text(recovered_end)
                 ),
             ));
         }

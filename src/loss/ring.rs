@@ -332,6 +332,12 @@ impl Ring {
         }
     }
 
+    /// Whether a delayed commit was acknowledged without an entry since the
+    /// record was formatted: counts and ages read from it may miss some.
+    pub fn is_incomplete(&self) -> bool {
+        self.header().incomplete.load(Ordering::Relaxed) != 0
+    }
+
     /// Notes that a delayed commit was acknowledged without an entry (the
     /// record is off): a report after a crash cannot be exact.
     pub fn mark_incomplete(&self) {
