@@ -11,6 +11,7 @@ use strict;
 use warnings;
 use Cwd ();
 use Digest::MD5;
+use File::Spec;
 use IPC::Run;
 use PostgreSQL::Test::Cluster;
 use PostgreSQL::Test::Utils;
@@ -307,6 +308,11 @@ $stale->stop;
 # nextXid of every checkpoint record replayed since. A crash before that
 # checkpoint restores the buffer: never refused.
 my $source = new_dd_node('pitr_source', init => { allows_streaming => 1, has_archiving => 1 });
+# An absolute archive path (18's test framework gives a relative one, which
+# the server, in its data directory, cannot use).
+my $archive = File::Spec->rel2abs($source->archive_dir);
+$source->append_conf('postgresql.conf', qq{archive_command = 'cp "%p" "$archive/%f"'\n});
+$source->restart;
 $source->safe_psql('postgres', 'CREATE TABLE t (id int PRIMARY KEY, payload text)');
 $source->backup('pitr_base');
 for my $i (1 .. 3)
@@ -320,7 +326,8 @@ $source->stop;
 my $pitr_buffer = "/dev/shm/dd_life_pitr_$$.buf";
 my $pitr = PostgreSQL::Test::Cluster->new('pitr');
 $pitr->init_from_backup($source, 'pitr_base', has_restoring => 1, standby => 0);
-$pitr->append_conf('postgresql.conf', buffer_conf($pitr_buffer) . "recovery_target_name = 'target'\nrecovery_target_action = 'pause'\n");
+$pitr->append_conf('postgresql.conf', buffer_conf($pitr_buffer) . "recovery_target_name = 'target'\nrecovery_target_action = 'pause'\n"
+	  . qq{restore_command = 'cp "$archive/%f" "%p"'\n});
 $pitr->start;
 $pitr->poll_query_until('postgres', "SELECT pg_get_wal_replay_pause_state() = 'paused'") or die 'not paused';
 $pitr->safe_psql('postgres', 'SELECT pg_promote()');

@@ -160,9 +160,15 @@ wait_for_socket(PGconn *conn, int events, TimestampTz deadline, dd_give_up_fn gi
 		}
 		rc = WaitLatchOrSocket(MyLatch, WL_LATCH_SET | WL_TIMEOUT | WL_EXIT_ON_PM_DEATH | events,
 							   pq.socket(conn), timeout, PG_WAIT_EXTENSION);
-		/* A signal's flag stays set for the worker's loop. */
+		/*
+		 * A signal's flag stays set for the worker's loop; interrupts (a
+		 * barrier the startup process waits for) are served meanwhile.
+		 */
 		if (rc & WL_LATCH_SET)
+		{
 			ResetLatch(MyLatch);
+			CHECK_FOR_INTERRUPTS();
+		}
 		if (rc & events)
 			return DD_DELIVERED;
 	}
@@ -188,7 +194,7 @@ static int
 connect_async(PGconn *conn, dd_give_up_fn give_up, char *message, size_t message_size)
 {
 	int			seconds = connect_timeout_of(conn);
-	TimestampTz deadline = seconds > 0 ? TimestampTzPlusMilliseconds(GetCurrentTimestamp(), seconds * 1000) : 0;
+	TimestampTz deadline = seconds > 0 ? TimestampTzPlusMilliseconds(GetCurrentTimestamp(), (int64) seconds * 1000) : 0;
 	/* As libpq says: begin as if PQconnectPoll() had asked to write. */
 	PostgresPollingStatusType polled = PGRES_POLLING_WRITING;
 

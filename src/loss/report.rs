@@ -504,14 +504,15 @@ pub(super) fn append_report(lines: &str) -> std::io::Result<()> {
     if lines.is_empty() {
         return Ok(());
     }
-    let mut text = read_text(REPORT_FILE)
-        .unwrap_or_else(|e| {
-            set_aside_unreadable(REPORT_FILE, &e);
-            None
-        })
-        .unwrap_or_default();
+    let mut text = match read_text(REPORT_FILE) {
+        Ok(text) => text.unwrap_or_default(),
+        Err(e) => {
+            set_aside_report(&e);
+            read_text(REPORT_FILE).ok().flatten().unwrap_or_default()
+        }
+    };
     text.push_str(lines);
-    let tmp = format!("{REPORT_FILE}.tmp");
+    let tmp = format!("{REPORT_FILE}.tmp.{}", std::process::id());
     let mut f = std::fs::File::create(&tmp)?;
     f.write_all(text.as_bytes())?;
     f.sync_all()?;
@@ -566,7 +567,15 @@ fn write_pending(snapshot: &Snapshot, status: Status) -> std::io::Result<()> {
     // reuses the positions past its end: it can no longer be exact.
     let mut text = String::new();
     let mut last_id = next_crash_id() - 1;
-    if let Ok(old) = std::fs::read_to_string(PENDING_FILE) {
+    // A noted crash that cannot be read: moved aside, and kept as a crash
+    // with no record rather than written over.
+    let mut unreadable = None;
+    let old = read_text(PENDING_FILE).unwrap_or_else(|e| {
+        set_aside_unreadable(PENDING_FILE, &e);
+        unreadable = Some(format!("its noted record \"{PENDING_FILE}\" could not be read: {e}"));
+        None
+    });
+    if let Some(old) = old {
         for line in old.lines() {
             let mut fields: Vec<&str> = line.split('\t').collect();
             if fields.first() == Some(&"crash") && fields.len() > 2 {
@@ -582,6 +591,10 @@ fn write_pending(snapshot: &Snapshot, status: Status) -> std::io::Result<()> {
     let unwritten = POSTMASTER.unwritten.borrow().clone();
     for (noted_at, why) in &unwritten {
         last_id = (*noted_at).max(last_id + 1);
+        let _ = writeln!(text, "crash\t{last_id}\tunknown-no-record\t0\t0\t0\t0\t0\t{}", why.replace(['\t', '\n'], " "));
+    }
+    if let Some(why) = unreadable {
+        last_id = crate::stats::now().max(last_id + 1);
         let _ = writeln!(text, "crash\t{last_id}\tunknown-no-record\t0\t0\t0\t0\t0\t{}", why.replace(['\t', '\n'], " "));
     }
     let id = crate::stats::now().max(last_id + 1);
@@ -677,7 +690,9 @@ pub(super) fn compare_pending() -> std::io::Result<()> {
     let recovered_at = crate::stats::now();
     let reported: Vec<i64> = report_to_extend().crashes.iter().map(|c| c.id).collect();
     let mut out = String::new();
-    for crash in parse_pending(&text).into_iter().filter(|c| !reported.contains(&c.id)) {
+    let pending: Vec<_> = parse_pending(&text).into_iter().filter(|c| !reported.contains(&c.id)).collect();
+    let newest = pending.iter().map(|c| c.id).max();
+    for crash in pending {
         let mut lost: Vec<&Acked> = crash.entries.iter().filter(|a| a.commit_end > recovered_end).collect();
         lost.sort_by_key(|a| a.commit_end);
         let s = crash.summary;
@@ -706,10 +721,11 @@ pub(super) fn compare_pending() -> std::io::Result<()> {
             format!("exact: {} of {} recorded acknowledged delayed commits lost", lost.len(), crash.entries.len())
         };
         let lost_count = if status == Status::Exact { lost.len().to_string() } else { "-".into() };
-        // A crash another one followed before this comparison: where its
-        // own recovery ended is unknown (the WAL after it was written
-        // again), so receipts cannot be judged by this one's end.
-        let row_end = if status == Status::UnknownSecondCrash { 0 } else { recovered_end };
+        // A crash another one followed before this comparison (whatever
+        // its status): where its own recovery ended is unknown (the WAL
+        // after it was written again), so receipts cannot be judged by
+        // this one's end.
+        let row_end = if Some(crash.id) == newest { recovered_end } else { 0 };
         let _ = writeln!(
             out,
             "crash\t{}\t{recovered_at}\t{row_end}\t{lost_count}\t{summarized_may_be_lost}\t{}\t{}",
@@ -795,7 +811,11 @@ pub(super) fn read_text(path: &str) -> std::io::Result<Option<String>> {
 /// that cannot be read is moved aside as `<file>.damaged`, with a WARNING,
 /// and a new one starts; rewriting it would destroy what it holds.
 pub(super) fn set_aside_unreadable(path: &str, e: &std::io::Error) {
-    let aside = format!("{path}.damaged");
+    // Never over an earlier one.
+    let mut aside = format!("{path}.damaged");
+    if std::path::Path::new(&aside).exists() {
+        aside = format!("{path}.damaged.{}", crate::stats::now());
+    }
     match std::fs::rename(path, &aside) {
         Ok(()) => {
             let _ = sync_dir();
@@ -805,12 +825,21 @@ pub(super) fn set_aside_unreadable(path: &str, e: &std::io::Error) {
     }
 }
 
-/// The crash report for its writers: an unreadable one is set aside.
+/// The crash report for its writers: an unreadable one is set aside, and
+/// the new one begins with a recovery of unknown end, so that receipts of
+/// commits made before it read unknown, never durable.
 fn report_to_extend() -> Report {
     read_report().unwrap_or_else(|e| {
-        set_aside_unreadable(REPORT_FILE, &e);
-        Report::default()
+        set_aside_report(&e);
+        Report { recoveries: vec![(crate::stats::now(), 0)], ..Report::default() }
     })
+}
+
+fn set_aside_report(e: &std::io::Error) {
+    set_aside_unreadable(REPORT_FILE, e);
+    if !std::path::Path::new(REPORT_FILE).exists() {
+        let _ = std::fs::write(REPORT_FILE, format!("recovery\t{}\t0\n", crate::stats::now()));
+    }
 }
 
 /// The crash report for the views: an unreadable one is an error.
@@ -954,7 +983,7 @@ pub(super) fn forget_crashes() -> std::io::Result<()> {
     for (at, end) in report.recoveries.iter().copied().chain(report.crashes.iter().map(|c| (c.recovered_at, c.recovered_end))) {
         let _ = writeln!(text, "recovery\t{at}\t{end}");
     }
-    let tmp = format!("{REPORT_FILE}.tmp");
+    let tmp = format!("{REPORT_FILE}.tmp.{}", std::process::id());
     let mut f = std::fs::File::create(&tmp)?;
     f.write_all(text.as_bytes())?;
     f.sync_all()?;

@@ -221,10 +221,6 @@ type Writes<'a> = BTreeMap<(u32, u64), Vec<(u64, &'a [u8], u32)>>;
 /// found ended, over WAL only the buffer had: restoring the buffer then
 /// would write stale WAL over that run's.
 fn checkpoint_in_restored_wal(cluster: &Cluster, writes: &Writes) -> Result<(), Problem> {
-    use pgrx::pg_sys::{
-        CheckPoint, XLogRecord, XLR_BLOCK_ID_DATA_LONG, XLR_BLOCK_ID_DATA_SHORT, XLR_BLOCK_ID_ORIGIN,
-        XLR_BLOCK_ID_TOPLEVEL_XID,
-    };
     let stale = Problem::WrittenWithoutBuffer { checkpoint: cluster.checkpoint };
     let buffer_end = writes
         .iter()
@@ -240,54 +236,86 @@ fn checkpoint_in_restored_wal(cluster: &Cluster, writes: &Writes) -> Result<(), 
     // it. A refusal here would keep a server down whose buffer is all that
     // holds its acknowledged commits: what cannot be read is not evidence.
     let segno = cluster.checkpoint / cluster.segment_size;
-    let Some(tli) = checkpoint_timeline(cluster, writes, segno) else { return Ok(()) };
+    let candidates = checkpoint_timelines(cluster, writes, segno);
+    if candidates.is_empty() {
+        return Ok(());
+    }
+    // Any file recovery may read it from will do: the newest timeline's
+    // copy is what recovery reads, an older one may be partly streamed.
+    for tli in candidates {
+        if holds_checkpoint(cluster, writes, tli)? {
+            return Ok(());
+        }
+    }
+    Err(stale)
+}
+
+/// Whether the WAL of timeline `tli`'s files, as the restore would leave
+/// it, holds at the checkpoint's position the checkpoint pg_control names.
+fn holds_checkpoint(cluster: &Cluster, writes: &Writes, tli: u32) -> Result<bool, Problem> {
+    use pgrx::pg_sys::{
+        CheckPoint, XLogRecord, XLR_BLOCK_ID_DATA_LONG, XLR_BLOCK_ID_DATA_SHORT, XLR_BLOCK_ID_ORIGIN,
+        XLR_BLOCK_ID_TOPLEVEL_XID,
+    };
     // The record header, the blocks a checkpoint record can carry before
-    // its main data (a replication origin, a top-level xid), the main-data
-    // header, the CheckPoint.
+    // its main data (a replication origin, a top-level xid: each once, in
+    // that order), the main-data header, the CheckPoint.
     let header = std::mem::size_of::<XLogRecord>();
     let size = cluster.checkpoint_copy.len();
     let record = logical_bytes(cluster, writes, tli, cluster.checkpoint, header + 3 + 5 + 5 + size)?;
     if record[std::mem::offset_of!(XLogRecord, xl_rmid)] != pgrx::pg_sys::RmgrIds::RM_XLOG_ID as u8 {
-        return Err(stale);
+        return Ok(false);
     }
     let mut at = header;
-    let data = loop {
-        match record[at] as u32 {
-            XLR_BLOCK_ID_ORIGIN => at += 1 + 2,
-            XLR_BLOCK_ID_TOPLEVEL_XID => at += 1 + 4,
-            XLR_BLOCK_ID_DATA_SHORT => break Some((at + 2, record[at + 1] as usize)),
-            XLR_BLOCK_ID_DATA_LONG => {
-                break Some((at + 5, u32::from_ne_bytes(record[at + 1..at + 5].try_into().expect("4 bytes")) as usize))
-            }
-            // A block reference: not a checkpoint record.
-            _ => break None,
-        }
+    if record[at] as u32 == XLR_BLOCK_ID_ORIGIN {
+        at += 1 + 2;
+    }
+    if record[at] as u32 == XLR_BLOCK_ID_TOPLEVEL_XID {
+        at += 1 + 4;
+    }
+    let (from, len) = match record[at] as u32 {
+        XLR_BLOCK_ID_DATA_SHORT => (at + 2, record[at + 1] as usize),
+        XLR_BLOCK_ID_DATA_LONG => (at + 5, u32::from_ne_bytes(record[at + 1..at + 5].try_into().expect("4 bytes")) as usize),
+        // A block reference: not a checkpoint record.
+        _ => return Ok(false),
     };
-    let Some((from, len)) = data.filter(|&(_, len)| len == size) else { return Err(stale) };
+    if len != size || from + len > record.len() {
+        return Ok(false);
+    }
     // Replay keeps pg_control's nextXid at the latest checkpoint record
     // replayed: every other field is the record's own.
     let next_xid = std::mem::offset_of!(CheckPoint, nextXid);
     let xid_end = next_xid + std::mem::size_of::<pgrx::pg_sys::FullTransactionId>();
     let ours = &record[from..from + len];
     let control = &cluster.checkpoint_copy[..];
-    if ours[..next_xid] == control[..next_xid] && ours[xid_end..] == control[xid_end..] {
-        Ok(())
-    } else {
-        Err(stale)
-    }
+    Ok(ours[..next_xid] == control[..next_xid] && ours[xid_end..] == control[xid_end..])
 }
 
-/// The timeline whose file of segment `segno` holds the checkpoint record:
-/// the checkpoint's own, then those the buffer's records were written on
-/// (a promotion copies the segment of the switch into the new timeline's
-/// file); the checkpoint's `.partial` file last. None when no file is there.
-fn checkpoint_timeline(cluster: &Cluster, writes: &Writes, segno: u64) -> Option<u32> {
-    let mut tlis = vec![cluster.timeline];
-    tlis.extend(writes.keys().map(|&(tli, _)| tli).filter(|&t| t > cluster.timeline));
-    tlis.into_iter().find(|&tli| std::path::Path::new(&Segment { tli, segno }.path()).exists()).or_else(|| {
-        let partial = format!("{}.partial", Segment { tli: cluster.timeline, segno }.path());
-        std::path::Path::new(&partial).exists().then_some(u32::MAX)
-    })
+/// The timelines whose file of segment `segno` may hold the checkpoint
+/// record: the checkpoint's own, every newer one this pg_wal knows (a
+/// promotion copies the segment of the switch into the new timeline's
+/// file; recovery reads the newest), and u32::MAX for the checkpoint
+/// timeline's `.partial` file. Empty when no such file is there.
+fn checkpoint_timelines(cluster: &Cluster, writes: &Writes, segno: u64) -> Vec<u32> {
+    let mut tlis: Vec<u32> = writes.keys().map(|&(tli, _)| tli).collect();
+    if let Ok(dir) = std::fs::read_dir(&segment::wal_dir().path) {
+        for entry in dir.flatten() {
+            let name = entry.file_name();
+            let name = name.to_string_lossy();
+            if let Some(tli) = name.strip_suffix(".history").and_then(|t| u32::from_str_radix(t, 16).ok()) {
+                tlis.push(tli);
+            }
+        }
+    }
+    tlis.retain(|&t| t > cluster.timeline);
+    tlis.sort_unstable_by(|a, b| b.cmp(a));
+    tlis.dedup();
+    tlis.push(cluster.timeline);
+    let mut found: Vec<u32> = tlis.into_iter().filter(|&tli| std::path::Path::new(&Segment { tli, segno }.path()).exists()).collect();
+    if std::path::Path::new(&format!("{}.partial", Segment { tli: cluster.timeline, segno }.path())).exists() {
+        found.push(u32::MAX);
+    }
+    found
 }
 
 /// `len` bytes of WAL record data from `lsn`, as the restore would leave
@@ -317,11 +345,11 @@ fn logical_bytes(cluster: &Cluster, writes: &Writes, tli: u32, lsn: u64, len: us
 /// (the record may run into a segment not there), zeros.
 fn restored_range(cluster: &Cluster, writes: &Writes, tli: u32, lsn: u64, n: usize) -> Result<Vec<u8>, Problem> {
     let segno = lsn / cluster.segment_size;
-    let (file_tli, path) = if tli == u32::MAX {
-        (cluster.timeline, format!("{}.partial", Segment { tli: cluster.timeline, segno }.path()))
-    } else {
-        (tli, Segment { tli, segno }.path())
-    };
+    let file_tli = if tli == u32::MAX { cluster.timeline } else { tli };
+    let whole = Segment { tli: file_tli, segno }.path();
+    // A record running into the next segment: that file may have become
+    // the old timeline's .partial one at a promotion.
+    let path = if tli != u32::MAX && std::path::Path::new(&whole).exists() { whole } else { format!("{whole}.partial") };
     let in_segment = lsn % cluster.segment_size;
     let mut bytes = vec![0u8; n];
     match std::fs::File::open(&path) {
