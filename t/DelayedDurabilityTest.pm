@@ -335,8 +335,9 @@ sub zero_unsynced_wal
 	my $written = 0;
 	my $dir = $trace->{dir};
 	my $wal_call = qr/^(pwrite64|pwritev2?|fsync|fdatasync|sync_file_range|writev?)\(\d+<\Q$dir\E\/([0-9A-F]{24})>(?:, )?(.*)$/s;
-	# The result, at the end of the line: "= 8192", "= -1 ENOSPC (...)", "= ?".
-	my $result_at_end = qr/\)\s+=\s+(-?\d+|\?)(?:\s+[A-Z0-9_]+\s+\([^()]*\))?$/;
+	# The result, after the last string of the line: "= 8192", "= -1 ENOSPC
+	# (...)", "= -1 (errno N)" (a call the kill interrupted), "= ?".
+	my $result_at_end = qr/\)\s+=\s+(-?\d+|\?)(?:\s[^"]*)?$/;
 	open my $fh, '<', $trace->{file} or die "$trace->{file}: $!";
 	while (my $line = <$fh>)
 	{
