@@ -252,9 +252,12 @@ sub stop_fsync_trace
 	my ($trace) = @_;
 	$trace->{harness}->signal('INT');
 	$trace->{harness}->finish;
-	my @complaints = grep { !/^\S*strace: (?:Process \d+ (?:attached|detached)|(?:attach: )?ptrace\(PTRACE_\w+,)/ && /\S/ }
+	my @said = grep { !/^\S*strace: (?:Process \d+ (?:attached|detached)|(?:attach: )?ptrace\(PTRACE_\w+,|Exit of unknown pid)/ && /\S/ }
 	  split /\n/, ${ $trace->{err} };
-	die "strace: " . join('; ', @complaints) if @complaints;
+	# Its own output failing (a full disk, an I/O error writing it).
+	my @lost = grep { /No space left|Disk quota|Input\/output error|short write|write/i } @said;
+	die "strace: " . join('; ', @lost) if @lost;
+	diag("strace: $_") for @said;
 }
 
 # The bytes of a string argument as strace prints it with -x: all in
