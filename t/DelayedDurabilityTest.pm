@@ -233,12 +233,17 @@ sub start_fsync_trace
 	die "strace did not attach: $err" unless $settled->();
 	die "strace cannot trace the server here (ptrace not permitted): $err" if $err =~ /Operation not permitted/;
 	# A process forked between the listing and the attach would escape
-	# (strace -f follows only the forks of a traced process).
+	# (strace -f follows only the forks of a traced process). One that has
+	# exited is no escape: once strace has seen its exit it is no longer
+	# traced, and it stays a zombie until the postmaster reaps it (a backend
+	# of the last query, ending as the trace starts).
 	for my $pid (grep { /^\d+$/ } split /\s+/, `pgrep -P $pm`)
 	{
 		my $status = eval { slurp_file("/proc/$pid/status") } // next;
+		my ($state) = $status =~ /^State:\s+(\S)/m;
+		next if defined $state && $state =~ /^[ZX]$/;
 		my ($traced_by) = $status =~ /^TracerPid:\s+(\d+)/m;
-		die "start_fsync_trace: server process $pid escaped the trace" if !$traced_by;
+		die "start_fsync_trace: server process $pid escaped the trace (state " . ($state // '?') . ')' if !$traced_by;
 	}
 	return { harness => $h, file => $file, segments => \%segments, since => $since, dir => $dir, err => \$err };
 }
