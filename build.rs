@@ -10,7 +10,8 @@
 
 use pgrx_pg_config::{PgConfig, Pgrx};
 
-const SOURCES: [&str; 8] = [
+const SOURCES: [&str; 9] = [
+    "src/c/commit_record.c",
     "src/c/deliver_record.c",
     "src/c/hooks.c",
     "src/c/sequence_call.c",

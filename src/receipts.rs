@@ -11,6 +11,7 @@ use crate::stats::now;
 use pgrx::pg_sys;
 use pgrx::prelude::*;
 use std::cell::Cell;
+use std::ffi::{c_char, c_int, CStr};
 
 struct LastCommit {
     end: Cell<u64>,
@@ -265,13 +266,84 @@ fn receipt_status(receipt: &str) -> TableIterator<'static, (name!(status, String
             let here = if in_recovery() { replay_or_received_end() } else { flush_end() };
             match crate::loss::lost_since(r.fxid, end, r.at) {
                 Some((true, why)) => ("lost", why),
+                // The WAL settles what the report could not, when it has the
+                // commit's position and can be read.
+                Some((false, why)) if here >= end => match commit_record_at(&r, end) {
+                    (RECORD_MATCHES, _) => ("durable", format!("its commit record is in this server's WAL ({why})")),
+                    (RECORD_OTHER, _) => ("lost", format!("{} ({why})", not_recorded(&r, end))),
+                    _ => ("unknown", why),
+                },
                 Some((false, why)) => ("unknown", why),
-                None if here >= end => ("durable", format!("flushed on this server up to {}", lsn_text(here))),
+                None if here >= end => durable_if_recorded(&r, end, here),
                 None => ("pending", format!("this server has flushed up to {} only", lsn_text(here))),
             }
         }
     };
     TableIterator::once((status.to_string(), detail))
+}
+
+/// What [`dd_commit_record_at`] found.
+const RECORD_MATCHES: c_int = 0;
+const RECORD_OTHER: c_int = 1;
+const RECORD_NOT_YET: c_int = 2;
+
+extern "C" {
+    /// src/c/commit_record.c: whether this server's WAL holds the receipt's
+    /// commit record ending at `end`; raises only what is not a read error.
+    fn dd_commit_record_at(end: u64, xid: u32, at: i64, message: *mut c_char, message_len: usize) -> c_int;
+}
+
+/// Reads this server's WAL at a receipt's position: one of the RECORD_*
+/// values, and why it could not be read.
+fn commit_record_at(r: &Receipt, end: u64) -> (c_int, String) {
+    let mut message = vec![0 as c_char; 512];
+    // SAFETY: the buffer is valid for its length and left NUL-terminated;
+    // an error the reader raises (not a read error) reaches PostgreSQL
+    // through the boundary.
+    let found = unsafe {
+        pg_sys::ffi::pg_guard_ffi_boundary(|| {
+            dd_commit_record_at(end, r.fxid as u32, r.at, message.as_mut_ptr(), message.len())
+        })
+    };
+    // SAFETY: NUL-terminated by the function.
+    (found, unsafe { CStr::from_ptr(message.as_ptr()) }.to_string_lossy().into_owned())
+}
+
+fn not_recorded(r: &Receipt, end: u64) -> String {
+    format!(
+        "the WAL at {} holds no commit record of transaction {}: the server that issued the receipt lost the commit \
+in a crash, and WAL written since passed its position",
+        lsn_text(end),
+        r.fxid
+    )
+}
+
+/// A receipt this server's WAL has passed, with no crash report against
+/// it: durable when its commit record is there. Another record at its
+/// position means the server that issued it lost it in a crash and wrote
+/// other WAL there since, which a standby (and a standby promoted since)
+/// learns from no crash report.
+fn durable_if_recorded(r: &Receipt, end: u64, here: u64) -> (&'static str, String) {
+    let flushed = format!("flushed on this server up to {}", lsn_text(here));
+    match commit_record_at(r, end) {
+        (RECORD_MATCHES, _) => ("durable", flushed),
+        (RECORD_OTHER, _) => ("lost", not_recorded(r, end)),
+        (RECORD_NOT_YET, _) if in_recovery() => (
+            "pending",
+            format!("received up to {}, its commit record is read once replayed", lsn_text(here)),
+        ),
+        // The persistent WAL buffer holds it, not the files yet: on a
+        // primary, the crash report is the evidence.
+        (RECORD_NOT_YET, _) => ("durable", format!("{flushed} (in the persistent WAL buffer)")),
+        (_, message) if in_recovery() => (
+            "unknown",
+            format!(
+                "{flushed}, but its commit record cannot be read here ({message}): a standby cannot tell a commit its \
+primary lost in a crash without it"
+            ),
+        ),
+        (_, message) => ("durable", format!("{flushed}; its commit record cannot be read here ({message}), and no crash lost it")),
+    }
 }
 
 /// On a standby: WAL received and flushed here, or at least replayed.

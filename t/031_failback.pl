@@ -247,8 +247,8 @@ my @wrong_on_standby;
 my %present_b = map { $_ => 1 } split /\n/, $node_b->safe_psql('postgres', 'SELECT k FROM t');
 for my $k (sort { $a <=> $b } keys %receipt)
 {
-	my $status = $node_a->safe_psql('postgres', "SELECT status FROM receipt_status('$receipt{$k}')");
-	push @wrong_on_standby, "$k=$status" if $status ne ($present_b{$k} ? 'durable' : 'lost');
+	my ($status, $detail) = split /\|/, $node_a->safe_psql('postgres', "SELECT status, detail FROM receipt_status('$receipt{$k}')");
+	push @wrong_on_standby, "$k=$status ($detail)" if $status ne ($present_b{$k} ? 'durable' : 'lost');
 }
 is(join(',', @wrong_on_standby), '', 'on the rejoined old primary (a standby now) the receipts read as on the new primary');
 opendir($dh, $saved_dir) or die $!;

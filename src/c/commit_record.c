@@ -1,0 +1,160 @@
+/*
+ * Whether this server's WAL holds, ending at a receipt's position, the
+ * commit record the receipt names: a record of the transaction resource
+ * manager (COMMIT or COMMIT PREPARED) of the receipt's transaction, with its
+ * commit time for a plain commit.
+ *
+ * A standby has no report of the crashes of the primary it follows: a
+ * delayed commit the primary lost in a crash is in no WAL the standby
+ * receives, but the WAL the restarted primary writes next passes its
+ * position. Only the record at that position tells them apart (transaction
+ * ids are handed out again after a crash, hence the time).
+ *
+ * PostgreSQL's own reader (as pg_walinspect uses it) reads what this
+ * server has: flushed WAL on a primary, replayed WAL on a standby, on the
+ * timeline that held the position.
+ */
+#include "postgres.h"
+
+#include "access/rmgr.h"
+#include "access/xact.h"
+#include "access/xlog.h"
+#include "access/xlog_internal.h"
+#include "access/xlogreader.h"
+#include "access/xlogutils.h"
+
+/* What the WAL at the position says. */
+#define DD_RECORD_MATCHES 0
+#define DD_RECORD_OTHER 1		/* no such commit record ends there */
+#define DD_RECORD_NOT_YET 2		/* past what this server can read yet */
+#define DD_RECORD_UNREADABLE 3	/* removed or damaged: see the message */
+
+/*
+ * Reads the records from the first one at or after start. Returns one of
+ * the above, or -1 when no record starts before end from start (the window
+ * began inside the record that ends at end, or spans it).
+ */
+static int
+dd_scan(XLogReaderState *reader, ReadLocalXLogPageNoWaitPrivate *private,
+		XLogRecPtr start, XLogRecPtr end, TransactionId xid, TimestampTz at,
+		char *message, size_t message_len)
+{
+	XLogRecPtr	first = XLogFindNextRecord(reader, start);
+	bool		first_record = true;
+
+	if (XLogRecPtrIsInvalid(first))
+	{
+		if (private->end_of_wal)
+			return DD_RECORD_NOT_YET;
+		/* What the reader found wrong, if it says. */
+		strlcpy(message, reader->errormsg_buf[0] ? reader->errormsg_buf : "no valid WAL record found", message_len);
+		return DD_RECORD_UNREADABLE;
+	}
+	XLogBeginRead(reader, first);
+	for (;;)
+	{
+		char	   *errormsg = NULL;
+		XLogRecord *record = XLogReadRecord(reader, &errormsg);
+		uint8		info;
+
+		if (record == NULL)
+		{
+			if (private->end_of_wal)
+				return DD_RECORD_NOT_YET;
+			strlcpy(message, errormsg ? errormsg : "invalid WAL record", message_len);
+			return DD_RECORD_UNREADABLE;
+		}
+		if (first_record && reader->ReadRecPtr >= end)
+			return -1;
+		first_record = false;
+		if (reader->EndRecPtr < end)
+			continue;
+		if (reader->EndRecPtr > end)
+			return DD_RECORD_OTHER;
+		if (XLogRecGetRmid(reader) != RM_XACT_ID || XLogRecGetXid(reader) != xid)
+			return DD_RECORD_OTHER;
+		info = XLogRecGetInfo(reader) & XLOG_XACT_OPMASK;
+		if (info == XLOG_XACT_COMMIT_PREPARED)
+			return DD_RECORD_MATCHES;
+		if (info != XLOG_XACT_COMMIT || XLogRecGetDataLen(reader) < sizeof(xl_xact_commit))
+			return DD_RECORD_OTHER;
+		return ((xl_xact_commit *) XLogRecGetData(reader))->xact_time == at
+			? DD_RECORD_MATCHES : DD_RECORD_OTHER;
+	}
+}
+
+int
+dd_commit_record_at(XLogRecPtr end, TransactionId xid, TimestampTz at,
+					char *message, size_t message_len)
+{
+	/*
+	 * How far before the record's end to look for its start: first from the
+	 * page holding its last byte (most commit records are small), and only
+	 * if it began on an earlier page, further back. WAL before what is
+	 * needed may not be there: a standby's first segment has zeros before
+	 * its base backup's start.
+	 */
+	static const XLogRecPtr windows[] = {1, 64 * 1024, 1024 * 1024, 16 * 1024 * 1024};
+	MemoryContext caller = CurrentMemoryContext;
+	ReadLocalXLogPageNoWaitPrivate *private = palloc0(sizeof(ReadLocalXLogPageNoWaitPrivate));
+	XLogReaderState *volatile reader;
+	volatile int result = DD_RECORD_OTHER;
+
+	message[0] = '\0';
+	reader = XLogReaderAllocate(wal_segment_size, NULL,
+								XL_ROUTINE(.page_read = &read_local_xlog_page_no_wait,
+										   .segment_open = &wal_segment_open,
+										   .segment_close = &wal_segment_close),
+								private);
+	if (reader == NULL)
+		ereport(ERROR,
+				(errcode(ERRCODE_OUT_OF_MEMORY),
+				 errmsg("out of memory"),
+				 errdetail("Failed while allocating a WAL reading processor.")));
+	PG_TRY();
+	{
+		for (int i = 0; i < lengthof(windows); i++)
+		{
+			/* The first page of WAL is no record's (as pg_walinspect). */
+			XLogRecPtr	start = end > windows[i] + XLOG_BLCKSZ ? end - windows[i] : XLOG_BLCKSZ;
+
+			start -= start % XLOG_BLCKSZ;
+
+			result = dd_scan(reader, private, start, end, xid, at, message, message_len);
+			if (result != -1)
+				break;
+			/* From the first page on, no record ends there. */
+			result = DD_RECORD_OTHER;
+			if (start == XLOG_BLCKSZ)
+				break;
+		}
+		/* Larger than 16 MB, or beginning before it: not a commit record. */
+	}
+	PG_CATCH();
+	{
+		ErrorData  *error;
+
+		/*
+		 * A segment removed, or one that cannot be read: said, not raised.
+		 * Anything else (a cancel, out of memory) goes on.
+		 */
+		MemoryContextSwitchTo(caller);
+		error = CopyErrorData();
+		if (error->elevel != ERROR ||
+			(ERRCODE_TO_CATEGORY(error->sqlerrcode) != ERRCODE_SYSTEM_ERROR &&
+			 error->sqlerrcode != ERRCODE_DATA_CORRUPTED))
+		{
+			FreeErrorData(error);
+			XLogReaderFree(reader);
+			PG_RE_THROW();
+		}
+		FlushErrorState();
+		strlcpy(message, error->message, message_len);
+		FreeErrorData(error);
+		result = DD_RECORD_UNREADABLE;
+	}
+	PG_END_TRY();
+	XLogReaderFree(reader);
+	pfree(private);
+	return result;
+}
