@@ -151,14 +151,13 @@ fn delayed_durability_cluster_settings() -> TableIterator<
 /// `ALTER ROLE ALL SET` (database 0, role 0 in pg_db_role_setting):
 /// PostgreSQL applies it to every session over postgresql.conf and ALTER
 /// SYSTEM, so it is part of the cluster-wide value a database's own
-/// setting overrides. Read as the view reads a database's settings.
+/// setting overrides. Each value is read by the setting's own parser.
 fn all_roles_settings() -> (Option<&'static str>, Option<i64>, Option<i64>, Option<bool>) {
     const QUERY: &str = r"
 SELECT max(split_part(s, '=', 2)) FILTER (WHERE s LIKE 'delayed\_durability.mode=%'),
-       pg_catalog.pg_size_bytes(max(split_part(s, '=', 2)) FILTER (WHERE s LIKE 'delayed\_durability.max\_loss\_bytes=%'))::bigint,
-       (SELECT (extract(epoch FROM CASE WHEN t ~ '^[0-9]+$' THEN (t || 'ms')::interval ELSE t::interval END) * 1000)::bigint
-          FROM (SELECT max(split_part(s, '=', 2)) FILTER (WHERE s LIKE 'delayed\_durability.max\_loss\_time=%') AS t) AS time_setting),
-       max(split_part(s, '=', 2)) FILTER (WHERE s LIKE 'delayed\_durability.track\_lost\_commits=%')::boolean
+       max(split_part(s, '=', 2)) FILTER (WHERE s LIKE 'delayed\_durability.max\_loss\_bytes=%'),
+       max(split_part(s, '=', 2)) FILTER (WHERE s LIKE 'delayed\_durability.max\_loss\_time=%'),
+       max(split_part(s, '=', 2)) FILTER (WHERE s LIKE 'delayed\_durability.track\_lost\_commits=%')
   FROM pg_catalog.pg_db_role_setting r, unnest(r.setconfig) AS s
  WHERE r.setdatabase = 0 AND r.setrole = 0";
     // A read-only query: Spi::get_one() would assign a transaction id.
@@ -166,19 +165,64 @@ SELECT max(split_part(s, '=', 2)) FILTER (WHERE s LIKE 'delayed\_durability.mode
         let row = client.select(QUERY, Some(1), &[])?.first();
         Ok::<_, pgrx::spi::Error>((
             row.get::<String>(1)?,
-            row.get::<i64>(2)?,
-            row.get::<i64>(3)?,
-            row.get::<bool>(4)?,
+            row.get::<String>(2)?,
+            row.get::<String>(3)?,
+            row.get::<String>(4)?,
         ))
     });
     let Ok((mode, bytes, time, track)) = row else { return (None, None, None, None) };
-    let mode = mode.and_then(|m| match m.trim_matches('"').to_ascii_lowercase().as_str() {
+    let mode = mode.and_then(|m| match m.to_ascii_lowercase().as_str() {
         "disabled" => Some(mode_name(0)),
         "allowed" => Some(mode_name(1)),
         "forced" => Some(mode_name(2)),
         _ => None,
     });
-    (mode, bytes, time, track)
+    let track = track.and_then(|t| {
+        let t = std::ffi::CString::new(t).ok()?;
+        let mut on = false;
+        // SAFETY: a NUL-terminated string; PostgreSQL's boolean GUC parser
+        // raises nothing.
+        unsafe { pg_sys::parse_bool(t.as_ptr(), &mut on) }.then_some(on)
+    });
+    (
+        mode,
+        bytes.and_then(|b| parse_with_unit(&b, pg_sys::GUC_UNIT_BYTE)),
+        time.and_then(|t| parse_with_unit(&t, pg_sys::GUC_UNIT_MS)),
+        track,
+    )
+}
+
+/// An integer setting's value as PostgreSQL's own parser reads it (units,
+/// hexadecimal, a fraction rounded), in the setting's base unit.
+fn parse_with_unit(value: &str, unit: u32) -> Option<i64> {
+    let value = std::ffi::CString::new(value).ok()?;
+    let (mut result, mut hint) = (0, std::ptr::null());
+    // SAFETY: a NUL-terminated string and valid out-pointers; parse_int
+    // reports failure by value and raises nothing.
+    unsafe { pg_sys::parse_int(value.as_ptr(), &mut result, unit as i32, &mut hint) }.then_some(result as i64)
+}
+
+/// What a stored value of `delayed_durability.max_loss_bytes` (in bytes) or
+/// `delayed_durability.max_loss_time` (in milliseconds) means, read as the
+/// setting reads it: `ALTER DATABASE … SET` keeps the text as written
+/// (`'64kB'`, `'0x4000'`, `'8192B'`). NULL for text the setting refuses.
+#[pg_extern(immutable, parallel_safe, strict)]
+fn delayed_durability_setting_value(name: &str, value: &str) -> Option<i64> {
+    let unit = match name {
+        "delayed_durability.max_loss_bytes" => pg_sys::GUC_UNIT_BYTE,
+        "delayed_durability.max_loss_time" => pg_sys::GUC_UNIT_MS,
+        _ => {
+            pg_sys::panic::ErrorReport::new(
+                PgSqlErrorCode::ERRCODE_INVALID_PARAMETER_VALUE,
+                format!("\"{name}\" is not an integer setting of delayed_durability"),
+                "",
+            )
+            .set_hint("Pass delayed_durability.max_loss_bytes or delayed_durability.max_loss_time.")
+            .report(PgLogLevel::ERROR);
+            unreachable!("ERROR does not return")
+        }
+    };
+    parse_with_unit(value, unit)
 }
 
 /// Run by CREATE EXTENSION and ALTER EXTENSION ... UPDATE: without the
@@ -210,12 +254,12 @@ pgrx::extension_sql!(
 -- (ALTER ROLE ... SET) apply on top, per session: counted, not resolved.
 CREATE VIEW delayed_durability_settings AS
     SELECT d.datname,
-           coalesce(db.mode, c.mode) AS mode,
+           coalesce(pg_catalog.lower(db.mode), c.mode) AS mode,
            CASE WHEN db.mode IS NOT NULL THEN 'database' WHEN c.library_preloaded THEN 'cluster' END AS mode_source,
-           coalesce(pg_catalog.pg_size_bytes(db.max_loss_bytes), c.max_loss_bytes) AS max_loss_bytes,
-           coalesce(CASE WHEN db.max_loss_time ~ '^[0-9]+$' THEN (db.max_loss_time || 'ms')::interval
-                         ELSE db.max_loss_time::interval END,
-                    c.max_loss_time_ms * interval '1 ms') AS max_loss_time,
+           coalesce(@extschema@.delayed_durability_setting_value('delayed_durability.max_loss_bytes', db.max_loss_bytes),
+                    c.max_loss_bytes) AS max_loss_bytes,
+           coalesce(@extschema@.delayed_durability_setting_value('delayed_durability.max_loss_time', db.max_loss_time),
+                    c.max_loss_time_ms) * interval '1 ms' AS max_loss_time,
            coalesce(db.track_lost_commits::boolean, c.track_lost_commits) AS track_lost_commits,
            (SELECT count(*) FROM pg_catalog.pg_db_role_setting r, unnest(r.setconfig) AS s
              WHERE r.setrole <> 0 AND r.setdatabase IN (0, d.oid) AND s LIKE 'delayed\_durability.%') AS role_settings,
@@ -237,5 +281,10 @@ GRANT SELECT ON delayed_durability_settings TO PUBLIC;
 SELECT @extschema@.delayed_durability_warn_if_not_preloaded();
 "#,
     name = "settings_view",
-    requires = ["table_classes", delayed_durability_cluster_settings, delayed_durability_warn_if_not_preloaded],
+    requires = [
+        "table_classes",
+        delayed_durability_cluster_settings,
+        delayed_durability_setting_value,
+        delayed_durability_warn_if_not_preloaded
+    ],
 );

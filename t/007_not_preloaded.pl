@@ -79,5 +79,24 @@ $node->safe_psql('postgres', 'ALTER ROLE ALL RESET ALL');
 is($node->safe_psql('postgres', q{SELECT mode, max_loss_bytes FROM delayed_durability_settings WHERE datname = 'postgres'}),
 	'allowed|0', 'and the postmaster\'s value again once it is reset');
 
+# Values are kept as written: the view reads them as the settings do
+# (a unit 'B', hexadecimal, a fraction of a unit, the mode in capitals),
+# for a database and for ALTER ROLE ALL alike.
+$node->safe_psql('postgres', q{ALTER DATABASE shop SET delayed_durability.mode = 'FORCED';
+ALTER DATABASE shop SET delayed_durability.max_loss_bytes = '8192B'; ALTER DATABASE shop SET delayed_durability.max_loss_time = '0x10';
+ALTER ROLE ALL SET delayed_durability.max_loss_bytes = '0x4000'; ALTER ROLE ALL SET delayed_durability.max_loss_time = '1.5s'});
+is($node->safe_psql('shop', 'SHOW delayed_durability.max_loss_bytes'), '8kB', 'the database\'s value as PostgreSQL reads it');
+is($node->safe_psql('postgres', q{SELECT datname, mode, max_loss_bytes, max_loss_time
+  FROM delayed_durability_settings WHERE datname IN ('postgres', 'shop') ORDER BY 1}),
+	"postgres|allowed|16384|00:00:01.5\nshop|forced|8192|00:00:00.016",
+	'the settings view reads 8192B, 0x10, 0x4000, 1.5s and FORCED as the settings do');
+is($node->safe_psql('postgres', q{SELECT delayed_durability_setting_value('delayed_durability.max_loss_bytes', '64kB'),
+  delayed_durability_setting_value('delayed_durability.max_loss_time', '2min'),
+  delayed_durability_setting_value('delayed_durability.max_loss_time', 'soon') IS NULL}),
+	'65536|120000|t', 'delayed_durability_setting_value() reads units and refuses nonsense with NULL');
+my ($ret, $out, $err) = $node->psql('postgres', q{SELECT delayed_durability_setting_value('work_mem', '4MB')});
+like($err, qr/ERROR:  "work_mem" is not an integer setting of delayed_durability/, 'another setting\'s name is refused');
+$node->safe_psql('postgres', 'ALTER ROLE ALL RESET ALL');
+
 $node->stop;
 done_testing();

@@ -81,10 +81,11 @@ unlike($log, qr/terminated by signal|server process .* was terminated|PANIC/, 'n
 # current one and gets what came since (0.2.0: WAL buffer status columns;
 # 0.3.0: cached_currval/cached_lastval; 0.4.0: loss budget counter and
 # window, receipts, crash report; 0.5.0: table classes; 0.6.0: the
-# configuration table's guard, the settings view, pg_monitor's grants).
+# configuration table's guard, the settings view, pg_monitor's grants;
+# 0.6.1: the settings view reads values as the settings do).
 my $current = $node->safe_psql('postgres',
 	q{SELECT default_version FROM pg_available_extensions WHERE name = 'delayed_durability'});
-is($current, '0.6.0', 'current version');
+is($current, '0.6.1', 'current version');
 my $status_columns = q{SELECT count(*) FROM pg_proc, unnest(proargnames) AS a
   WHERE proname = 'delayed_durability_status' AND a LIKE 'wal_buffer%'};
 my $currval_functions = q{SELECT count(*) FROM pg_proc WHERE proname IN ('cached_currval', 'cached_lastval')};
@@ -98,7 +99,7 @@ my $v060_objects = q{SELECT (SELECT count(*) FROM pg_trigger WHERE tgname LIKE '
   || '|' || coalesce((SELECT has_table_privilege('pg_monitor', oid, 'SELECT') FROM pg_class WHERE relname = 'delayed_durability_crashes'), false)
   || '|' || (SELECT count(*) FROM pg_proc WHERE proname = 'delayed_durability_receive_failover_record'
               AND NOT has_function_privilege('public', oid, 'EXECUTE'))};
-for my $version ('0.1.0', '0.2.0', '0.3.0', '0.4.0', '0.5.0')
+for my $version ('0.1.0', '0.2.0', '0.3.0', '0.4.0', '0.5.0', '0.6.0')
 {
 	my $db = 'old_' . ($version =~ s/\./_/gr);
 	$node->safe_psql('postgres', "CREATE DATABASE $db TEMPLATE template0");
@@ -106,8 +107,11 @@ for my $version ('0.1.0', '0.2.0', '0.3.0', '0.4.0', '0.5.0')
 	is($node->safe_psql($db, $status_columns), $version eq '0.1.0' ? '0' : '5', "$version: WAL buffer columns");
 	is($node->safe_psql($db, $currval_functions), $version ge '0.3.0' ? '2' : '0', "$version: cached_currval/cached_lastval");
 	is($node->safe_psql($db, $loss_objects), $version ge '0.4.0' ? '4|2' : '0|0', "$version: receipts and crash report only from 0.4.0");
-	is($node->safe_psql($db, $class_objects), $version eq '0.5.0' ? '1|2|1' : '0|0|0', "$version: table classes only from 0.5.0");
-	is($node->safe_psql($db, $v060_objects), '0|0|false|0', "$version: no guard, no settings view, no pg_monitor grant, no record delivery");
+	is($node->safe_psql($db, $class_objects), $version ge '0.5.0' ? '1|2|1' : '0|0|0', "$version: table classes only from 0.5.0");
+	is($node->safe_psql($db, $v060_objects), $version ge '0.6.0' ? '2|1|true|1' : '0|0|false|0',
+		"$version: guard, settings view, pg_monitor grant, record delivery only from 0.6.0");
+	is($node->safe_psql($db, q{SELECT count(*) FROM pg_proc WHERE proname = 'delayed_durability_setting_value'}), '0',
+		"$version: no delayed_durability_setting_value()");
 	$node->safe_psql($db, 'ALTER EXTENSION delayed_durability UPDATE');
 	is($node->safe_psql($db, q{SELECT extversion FROM pg_extension WHERE extname = 'delayed_durability'}),
 		$current, "ALTER EXTENSION UPDATE from $version reaches $current");
@@ -121,6 +125,10 @@ for my $version ('0.1.0', '0.2.0', '0.3.0', '0.4.0', '0.5.0')
 	is($node->safe_psql($db, $v060_objects), '2|1|true|1', "updated from $version: guard triggers, settings view, pg_monitor grant, the record delivery's function not executable by PUBLIC");
 	is($node->safe_psql($db, q{SELECT mode_source, library_preloaded FROM delayed_durability_settings WHERE datname = current_database()}),
 		'cluster|t', "updated from $version: the settings view works");
+	$node->safe_psql('postgres', "ALTER DATABASE $db SET delayed_durability.max_loss_bytes = '8192B'");
+	is($node->safe_psql($db, q{SELECT max_loss_bytes FROM delayed_durability_settings WHERE datname = current_database()}),
+		'8192', "updated from $version: the settings view reads '8192B' as the setting does");
+	$node->safe_psql('postgres', "ALTER DATABASE $db RESET delayed_durability.max_loss_bytes");
 	# A class set after the update applies at once, the counters have their
 	# columns, and DROP TABLE forgets the class.
 	is($node->safe_psql($db, q{CREATE TABLE upd_c (i int);
