@@ -126,14 +126,8 @@ fn write_failovers(f: &Failovers) -> std::io::Result<()> {
     for (id, fp) in &f.records {
         let _ = writeln!(text, "record\t{id}\t{fp}");
     }
-    // A temporary file of this process: the worker and a backend (the
-    // import, the reset) may write at once; each rename is whole.
-    let tmp = format!("{FAILOVER_FILE}.tmp.{}", std::process::id());
-    let mut file = std::fs::File::create(&tmp)?;
-    file.write_all(text.as_bytes())?;
-    file.sync_all()?;
-    std::fs::rename(&tmp, FAILOVER_FILE)?;
-    report::sync_dir()
+    // The worker and a backend (the import, the reset) may write at once.
+    report::write_whole(FAILOVER_FILE, &text)
 }
 
 /// Forgets every recorded failover and its lost commits; keeps the

@@ -146,6 +146,19 @@ pub(super) fn sync_dir() -> std::io::Result<()> {
     std::fs::File::open(DIR)?.sync_all()
 }
 
+/// Replaces a file of the record directory with `text`, whole: written to
+/// a temporary file of this process (the worker and a backend may write
+/// the same file at once), synced, renamed into place, the directory
+/// synced. A crash in between leaves the old file whole.
+pub(super) fn write_whole(path: &str, text: &str) -> std::io::Result<()> {
+    let tmp = format!("{path}.tmp.{}", std::process::id());
+    let mut f = std::fs::File::create(&tmp)?;
+    f.write_all(text.as_bytes())?;
+    f.sync_all()?;
+    std::fs::rename(&tmp, path)?;
+    sync_dir()
+}
+
 /// Postmaster memory, inherited by every child it forks.
 struct PostmasterState {
     /// open() ran before: the next call is for a crash restart.
@@ -243,6 +256,17 @@ fn move_aside(path: &str) {
     }
 }
 
+/// What a crash between writing and renaming (write_whole) left: at start,
+/// before any other process, nobody writes them.
+fn remove_leftover_temporary_files() {
+    let Ok(entries) = std::fs::read_dir(DIR) else { return };
+    for entry in entries.flatten() {
+        if entry.file_name().to_string_lossy().contains(".tmp.") {
+            let _ = std::fs::remove_file(entry.path());
+        }
+    }
+}
+
 fn open(current: Option<Ring>, crash_restart: bool) -> Result<Ring, String> {
     if !Path::new(DIR).exists() {
         // Never ran here before: there is no record to miss.
@@ -251,6 +275,7 @@ fn open(current: Option<Ring>, crash_restart: bool) -> Result<Ring, String> {
     }
     let control = read_control_file()?;
     if !crash_restart {
+        remove_leftover_temporary_files();
         super::saved_record::check_at_start();
         match start_kind() {
             // A copy of another server's directory: what it was about to
@@ -512,12 +537,7 @@ pub(super) fn append_report(lines: &str) -> std::io::Result<()> {
         }
     };
     text.push_str(lines);
-    let tmp = format!("{REPORT_FILE}.tmp.{}", std::process::id());
-    let mut f = std::fs::File::create(&tmp)?;
-    f.write_all(text.as_bytes())?;
-    f.sync_all()?;
-    std::fs::rename(&tmp, REPORT_FILE)?;
-    sync_dir()
+    write_whole(REPORT_FILE, &text)
 }
 
 fn note_crash(prev: &Ring, control: &Control, boot_id: &[u8; ring::BOOT_ID_LEN], crash_restart: bool) {
@@ -613,12 +633,7 @@ fn write_pending(snapshot: &Snapshot, status: Status) -> std::io::Result<()> {
     for a in &snapshot.entries {
         let _ = writeln!(text, "ack\t{}\t{}\t{}\t{}", a.fxid, a.datid, a.commit_end, a.ack_time);
     }
-    let tmp = format!("{PENDING_FILE}.tmp");
-    let mut f = std::fs::File::create(&tmp)?;
-    f.write_all(text.as_bytes())?;
-    f.sync_all()?;
-    std::fs::rename(&tmp, PENDING_FILE)?;
-    sync_dir()?;
+    write_whole(PENDING_FILE, &text)?;
     POSTMASTER.unwritten.borrow_mut().clear();
     Ok(())
 }
@@ -983,12 +998,7 @@ pub(super) fn forget_crashes() -> std::io::Result<()> {
     for (at, end) in report.recoveries.iter().copied().chain(report.crashes.iter().map(|c| (c.recovered_at, c.recovered_end))) {
         let _ = writeln!(text, "recovery\t{at}\t{end}");
     }
-    let tmp = format!("{REPORT_FILE}.tmp.{}", std::process::id());
-    let mut f = std::fs::File::create(&tmp)?;
-    f.write_all(text.as_bytes())?;
-    f.sync_all()?;
-    std::fs::rename(&tmp, REPORT_FILE)?;
-    sync_dir()
+    write_whole(REPORT_FILE, &text)
 }
 
 /// Whether a crash since `at` lost the commit of `fxid` that ended at `end`:
