@@ -263,7 +263,11 @@ fn receipt_status(receipt: &str) -> TableIterator<'static, (name!(status, String
         _ => {
             // On this server's history: flushed here, or not yet; and not
             // lost in a crash since.
-            let here = if in_recovery() { replay_or_received_end() } else { flush_end() };
+            let standby = in_recovery();
+            let here = if standby { replay_or_received_end() } else { flush_end() };
+            // Its crash report covers the receipt only where this server
+            // wrote that timeline (a promotion starts a new one).
+            let own_timeline = !standby && r.tli == current;
             match crate::loss::lost_since(r.fxid, end, r.at) {
                 Some((true, why)) => ("lost", why),
                 // The WAL settles what the report could not, when it has the
@@ -274,7 +278,7 @@ fn receipt_status(receipt: &str) -> TableIterator<'static, (name!(status, String
                     _ => ("unknown", why),
                 },
                 Some((false, why)) => ("unknown", why),
-                None if here >= end => durable_if_recorded(&r, end, here),
+                None if here >= end => durable_if_recorded(&r, end, here, standby, own_timeline),
                 None => ("pending", format!("this server has flushed up to {} only", lsn_text(here))),
             }
         }
@@ -322,27 +326,36 @@ in a crash, and WAL written since passed its position",
 /// it: durable when its commit record is there. Another record at its
 /// position means the server that issued it lost it in a crash and wrote
 /// other WAL there since, which a standby (and a standby promoted since)
-/// learns from no crash report.
-fn durable_if_recorded(r: &Receipt, end: u64, here: u64) -> (&'static str, String) {
+/// learns from no crash report. When the record cannot be read, only a
+/// primary that wrote the receipt's timeline itself has a crash report
+/// that stands for it.
+fn durable_if_recorded(r: &Receipt, end: u64, here: u64, standby: bool, own_timeline: bool) -> (&'static str, String) {
     let flushed = format!("flushed on this server up to {}", lsn_text(here));
     match commit_record_at(r, end) {
         (RECORD_MATCHES, _) => ("durable", flushed),
         (RECORD_OTHER, _) => ("lost", not_recorded(r, end)),
-        (RECORD_NOT_YET, _) if in_recovery() => (
+        (RECORD_NOT_YET, _) if standby => (
             "pending",
             format!("received up to {}, its commit record is read once replayed", lsn_text(here)),
         ),
-        // The persistent WAL buffer holds it, not the files yet: on a
-        // primary, the crash report is the evidence.
-        (RECORD_NOT_YET, _) => ("durable", format!("{flushed} (in the persistent WAL buffer)")),
-        (_, message) if in_recovery() => (
+        // The reader reads whole records up to the flush position: the one
+        // after the commit's (which tells where the commit's begins) is not
+        // flushed yet.
+        (RECORD_NOT_YET, _) if !own_timeline => (
+            "pending",
+            format!("{flushed}; its commit record is read once the WAL after it is flushed"),
+        ),
+        (RECORD_NOT_YET, _) => ("durable", format!("{flushed}, and no crash of this server lost it")),
+        (_, message) if own_timeline => {
+            ("durable", format!("{flushed}; its commit record cannot be read here ({message}), and no crash of this server lost it"))
+        }
+        (_, message) => (
             "unknown",
             format!(
-                "{flushed}, but its commit record cannot be read here ({message}): a standby cannot tell a commit its \
-primary lost in a crash without it"
+                "{flushed}, but its commit record cannot be read here ({message}): without it this server cannot tell a \
+commit that the server which issued the receipt lost in a crash"
             ),
         ),
-        (_, message) => ("durable", format!("{flushed}; its commit record cannot be read here ({message}), and no crash lost it")),
     }
 }
 

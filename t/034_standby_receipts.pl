@@ -33,6 +33,13 @@ sub commit_with_receipts
 }
 
 my %receipt = commit_with_receipts(1, 5);
+# A commit record of some 12 kB (3000 subtransactions, each with its xid):
+# it spans pages, so its start is found further back than the page of its
+# end.
+my $large = $primary->safe_psql('postgres', q{DO $$ BEGIN
+  FOR i IN 1 .. 3000 LOOP BEGIN INSERT INTO t VALUES (5000 + i); EXCEPTION WHEN others THEN NULL; END; END LOOP;
+END $$;
+SELECT last_commit_receipt();});
 $primary->safe_psql('postgres', 'SELECT flush_log()');
 $primary->wait_for_catchup($standby);
 
@@ -77,6 +84,10 @@ like($standby->safe_psql('postgres', "SELECT detail FROM receipt_status('$receip
 	qr/holds no commit record of transaction \d+: the server that issued the receipt lost the commit in a crash/,
 	'the detail says why');
 
+is($standby->safe_psql('postgres', "SELECT count(*) FROM t WHERE k > 5000"), '3000', 'the large commit reached the standby');
+is($standby->safe_psql('postgres', "SELECT status FROM receipt_status('$large')"), 'durable',
+	'the receipt of a commit record spanning pages reads durable on the standby');
+
 # A receipt whose position holds a commit record of another transaction, or
 # of the same transaction id at another time (ids are handed out again
 # after a crash), is not that commit.
@@ -94,5 +105,26 @@ $primary->stop;
 $standby->promote;
 $standby->poll_query_until('postgres', 'SELECT NOT pg_is_in_recovery()') or die 'not promoted';
 is(wrong_statuses($standby), '', 'on the promoted standby every receipt still reads as the rows say');
+
+# Its old timeline's segments removed (checkpoints past them, nothing
+# keeps them): the records are gone, and a promoted standby has no crash
+# report of the old primary to stand for them. No receipt may read
+# durable then: a lost one would.
+my $first_segment = $standby->safe_psql('postgres', "SELECT pg_walfile_name('" . (split /:/, $receipt{101})[2] . "')");
+for (1 .. 3)
+{
+	$standby->safe_psql('postgres', 'INSERT INTO t SELECT g FROM generate_series(100000, 100100) AS g; SELECT pg_switch_wal(); CHECKPOINT;');
+	$standby->safe_psql('postgres', 'DELETE FROM t WHERE k >= 100000');
+}
+ok(!-e $standby->data_dir . "/pg_wal/$first_segment", "the segment of the lost commits ($first_segment) is removed");
+my %after_removal;
+for my $k (sort { $a <=> $b } keys %receipt)
+{
+	my ($status, $detail) = split /\|/, $standby->safe_psql('postgres', "SELECT status, detail FROM receipt_status('$receipt{$k}')");
+	$after_removal{$status}++;
+	like($detail, qr/its commit record cannot be read here .*cannot tell a commit/, 'and the detail says why') if $k == 101;
+}
+is(join(',', map { "$_=$after_removal{$_}" } sort keys %after_removal), 'unknown=' . scalar(keys %receipt),
+	'with their WAL removed, every receipt of the old timeline reads unknown on the promoted standby, none durable');
 
 done_testing();

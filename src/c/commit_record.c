@@ -30,22 +30,30 @@
 #define DD_RECORD_UNREADABLE 3	/* removed or damaged: see the message */
 
 /*
- * Reads the records from the first one at or after start. Returns one of
- * the above, or -1 when no record starts before end from start (the window
- * began inside the record that ends at end, or spans it).
+ * A window to widen: no record starts between its start and end (it began
+ * inside the record that ends at end, or one spanning it), or none could
+ * be found before the readable WAL ended (the page holding end begins with
+ * the rest of that record, and nothing after it is readable yet).
  */
+#define DD_WIDEN (-1)
+#define DD_WIDEN_AT_END_OF_WAL (-2)
+
+/* Reads the records from the first one at or after start. */
 static int
 dd_scan(XLogReaderState *reader, ReadLocalXLogPageNoWaitPrivate *private,
 		XLogRecPtr start, XLogRecPtr end, TransactionId xid, TimestampTz at,
 		char *message, size_t message_len)
 {
-	XLogRecPtr	first = XLogFindNextRecord(reader, start);
+	XLogRecPtr	first;
 	bool		first_record = true;
 
+	/* The callback sets it, nothing clears it. */
+	private->end_of_wal = false;
+	first = XLogFindNextRecord(reader, start);
 	if (XLogRecPtrIsInvalid(first))
 	{
 		if (private->end_of_wal)
-			return DD_RECORD_NOT_YET;
+			return DD_WIDEN_AT_END_OF_WAL;
 		/* What the reader found wrong, if it says. */
 		strlcpy(message, reader->errormsg_buf[0] ? reader->errormsg_buf : "no valid WAL record found", message_len);
 		return DD_RECORD_UNREADABLE;
@@ -65,7 +73,7 @@ dd_scan(XLogReaderState *reader, ReadLocalXLogPageNoWaitPrivate *private,
 			return DD_RECORD_UNREADABLE;
 		}
 		if (first_record && reader->ReadRecPtr >= end)
-			return -1;
+			return DD_WIDEN;
 		first_record = false;
 		if (reader->EndRecPtr < end)
 			continue;
@@ -87,14 +95,6 @@ int
 dd_commit_record_at(XLogRecPtr end, TransactionId xid, TimestampTz at,
 					char *message, size_t message_len)
 {
-	/*
-	 * How far before the record's end to look for its start: first from the
-	 * page holding its last byte (most commit records are small), and only
-	 * if it began on an earlier page, further back. WAL before what is
-	 * needed may not be there: a standby's first segment has zeros before
-	 * its base backup's start.
-	 */
-	static const XLogRecPtr windows[] = {1, 64 * 1024, 1024 * 1024, 16 * 1024 * 1024};
 	MemoryContext caller = CurrentMemoryContext;
 	ReadLocalXLogPageNoWaitPrivate *private = palloc0(sizeof(ReadLocalXLogPageNoWaitPrivate));
 	XLogReaderState *volatile reader;
@@ -113,22 +113,46 @@ dd_commit_record_at(XLogRecPtr end, TransactionId xid, TimestampTz at,
 				 errdetail("Failed while allocating a WAL reading processor.")));
 	PG_TRY();
 	{
-		for (int i = 0; i < lengthof(windows); i++)
+		/*
+		 * Where to look for the record's start: first from the page holding
+		 * its last byte (most commit records are small), then from twice as
+		 * many pages back each time, up to 32 MB (a commit record that drops
+		 * or creates thousands of relations is megabytes). WAL well before
+		 * the record may not be there: a standby's first segment has zeros
+		 * before its base backup's start, older segments are removed.
+		 */
+		XLogRecPtr	last_page = (end - 1) - (end - 1) % XLOG_BLCKSZ;
+		uint64		pages_back = 0;
+
+		for (;;)
 		{
 			/* The first page of WAL is no record's (as pg_walinspect). */
-			XLogRecPtr	start = end > windows[i] + XLOG_BLCKSZ ? end - windows[i] : XLOG_BLCKSZ;
-
-			start -= start % XLOG_BLCKSZ;
+			XLogRecPtr	start = last_page > XLOG_BLCKSZ * (pages_back + 1)
+				? last_page - XLOG_BLCKSZ * pages_back : XLOG_BLCKSZ;
 
 			result = dd_scan(reader, private, start, end, xid, at, message, message_len);
-			if (result != -1)
+			if (result != DD_WIDEN && result != DD_WIDEN_AT_END_OF_WAL)
 				break;
-			/* From the first page on, no record ends there. */
-			result = DD_RECORD_OTHER;
 			if (start == XLOG_BLCKSZ)
+			{
+				/* From the first page on: no record ends there. */
+				result = result == DD_WIDEN ? DD_RECORD_OTHER : DD_RECORD_NOT_YET;
 				break;
+			}
+			if (pages_back >= 4095)
+			{
+				if (result == DD_WIDEN_AT_END_OF_WAL)
+					result = DD_RECORD_NOT_YET;
+				else
+				{
+					result = DD_RECORD_UNREADABLE;
+					snprintf(message, message_len, "no record found to begin within %d MB before it",
+							 (int) (XLOG_BLCKSZ * (pages_back + 1) / (1024 * 1024)));
+				}
+				break;
+			}
+			pages_back = pages_back * 2 + 1;
 		}
-		/* Larger than 16 MB, or beginning before it: not a commit record. */
 	}
 	PG_CATCH();
 	{
