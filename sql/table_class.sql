@@ -340,3 +340,40 @@ COMMIT;
 SELECT pg_current_wal_flush_lsn() > :'before_commit'::pg_lsn AS one_durable_of_twenty_flushed;
 RESET delayed_durability.mode;
 DO $$ BEGIN FOR i IN 1 .. 20 LOOP EXECUTE format('DROP TABLE many_%s', i); END LOOP; END $$;
+
+-- A table whose access method is not heap (here heap's own handler under
+-- another name: PostgreSQL has no other table access method) may not count
+-- its writes per transaction. A class is refused on it; a durable table
+-- moved to one makes every commit in the database that writes durable, with
+-- a WARNING once per session, until it is moved back.
+CREATE ACCESS METHOD tc_heap2 TYPE TABLE HANDLER heap_tableam_handler;
+CREATE TABLE other_am_payments (id int) USING tc_heap2;
+SELECT delayed_durability_set_table_class('other_am_payments', 'durable');
+CREATE TABLE moved_payments (id int);
+SELECT delayed_durability_set_table_class('moved_payments', 'durable');
+SET delayed_durability.mode = 'forced';
+BEGIN;
+INSERT INTO dly VALUES (42);
+SELECT pg_current_wal_insert_lsn() AS before_commit \gset
+COMMIT;
+SELECT pg_current_wal_flush_lsn() > :'before_commit'::pg_lsn AS unrelated_commit_flushed_beside_heap_durable;
+ALTER TABLE moved_payments SET ACCESS METHOD tc_heap2;
+BEGIN;
+INSERT INTO dly VALUES (43);
+SELECT pg_current_wal_insert_lsn() AS before_commit \gset
+COMMIT;
+SELECT pg_current_wal_flush_lsn() > :'before_commit'::pg_lsn AS unrelated_commit_flushed_beside_uncounted_durable;
+BEGIN;
+INSERT INTO dly VALUES (44);
+SELECT pg_current_wal_insert_lsn() AS before_commit \gset
+COMMIT;
+SELECT pg_current_wal_flush_lsn() > :'before_commit'::pg_lsn AS again_flushed_without_a_second_warning;
+ALTER TABLE moved_payments SET ACCESS METHOD heap;
+BEGIN;
+INSERT INTO dly VALUES (45);
+SELECT pg_current_wal_insert_lsn() AS before_commit \gset
+COMMIT;
+SELECT pg_current_wal_flush_lsn() > :'before_commit'::pg_lsn AS unrelated_commit_flushed_after_moving_back;
+RESET delayed_durability.mode;
+DROP TABLE moved_payments, other_am_payments;
+DROP ACCESS METHOD tc_heap2;

@@ -32,6 +32,8 @@ struct Entry {
     /// A partitioned table: its invalidation (a partition created, attached
     /// or detached) means reading the classes again.
     partitioned: bool,
+    /// A durable table whose access method is not heap.
+    uncounted: bool,
 }
 
 /// Relation OIDs are small integers: one multiply spreads them well.
@@ -76,6 +78,9 @@ struct Cache {
     classes: RefCell<ClassMap>,
     /// Some table has class durable.
     any_durable: Cell<bool>,
+    /// Some durable table's access method is not heap: what a transaction
+    /// wrote there is not counted, so every commit that writes is durable.
+    any_uncounted_durable: Cell<bool>,
     /// load() is running: any relcache invalidation then means reading
     /// again (the old map cannot tell whether it concerns the new one).
     loading: Cell<bool>,
@@ -100,6 +105,7 @@ static CACHE: Cache = Cache {
     config_relid: Cell::new(pg_sys::InvalidOid),
     classes: RefCell::new(HashMap::with_hasher(BuildHasherDefault::new())),
     any_durable: Cell::new(false),
+    any_uncounted_durable: Cell::new(false),
     loading: Cell::new(false),
     loaded_in_transaction: Cell::new(false),
     marker_seen: Cell::new(false),
@@ -161,7 +167,11 @@ unsafe extern "C-unwind" fn relation_changed(_arg: pg_sys::Datum, relid: pg_sys:
         || relid == pg_sys::InvalidOid
         || relid == MARKER_RELATION
         || relid == CACHE.config_relid.get()
-        || CACHE.classes.try_borrow().map_or(true, |map| map.get(&u32::from(relid)).is_some_and(|e| e.partitioned));
+        || CACHE.classes.try_borrow().map_or(true, |map| {
+            // A partitioned table gaining or losing a partition; a durable
+            // table whose access method may have changed.
+            map.get(&u32::from(relid)).is_some_and(|e| e.partitioned || e.class == Class::Durable)
+        });
     if concerns_map {
         CACHE.valid.set(false);
         CACHE.generation.set(CACHE.generation.get() + 1);
@@ -203,7 +213,10 @@ fn read_classes() -> bool {
             for (relid, code) in relids.iter().zip(codes) {
                 let code = *code as u8;
                 let class = if code.is_ascii_uppercase() { Class::Durable } else { Class::Delayed };
-                map.insert(u32::from(*relid), Entry { class, partitioned: code.eq_ignore_ascii_case(&b'p') });
+                map.insert(
+                    u32::from(*relid),
+                    Entry { class, partitioned: code.eq_ignore_ascii_case(&b'p'), uncounted: code == b'U' },
+                );
             }
         }
         if !context.is_null() {
@@ -212,6 +225,7 @@ fn read_classes() -> bool {
         }
     }
     CACHE.any_durable.set(map.values().any(|e| e.class == Class::Durable));
+    CACHE.any_uncounted_durable.set(map.values().any(|e| e.uncounted));
     CACHE.config_relid.set(config);
     *CACHE.classes.borrow_mut() = map;
     CACHE.loaded_in_transaction.set(true);
@@ -299,6 +313,11 @@ pub fn modified() -> Modified {
         // Not counted (track_counts = off): durable if any table could be
         // durable, and never delayed by the class.
         return Modified { durable: CACHE.any_durable.get(), only_delayed: false };
+    }
+    if CACHE.any_uncounted_durable.get() {
+        // A durable table whose writes are not counted: any commit may
+        // have written it.
+        return UNKNOWN;
     }
     let written: &[pg_sys::Oid] = if n as usize <= buffer.len() {
         &buffer[..n as usize]

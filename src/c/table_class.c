@@ -31,6 +31,7 @@
 #include "catalog/pg_extension.h"
 #include "catalog/pg_inherits.h"
 #include "catalog/pg_type.h"
+#include "commands/defrem.h"
 #include "executor/spi.h"
 #include "miscadmin.h"
 #include "pgstat.h"
@@ -186,18 +187,53 @@ typedef struct ClassList
 	int			size;
 } ClassList;
 
+/* The WARNING of a durable table whose writes are not counted was given. */
+static bool warned_uncounted = false;
+
 /*
  * Codes: 'D'/'d' a durable/delayed table, 'P'/'p' a durable/delayed
  * partitioned table (whose invalidation, when it gains a partition, means
- * reading the classes again).
+ * reading the classes again), 'U' a durable table whose access method is
+ * not heap.
  */
 static void
 append_relation(ClassList *list, Oid relid, bool durable)
 {
 	char		relkind = get_rel_relkind(relid);
+	bool		uncounted = false;
 
 	if (relkind == '\0')
 		return;
+	/*
+	 * A durable table whose access method is not heap (a partition created
+	 * with another one, ALTER TABLE SET ACCESS METHOD after the class was
+	 * set): its writes may not be counted per transaction, so a commit that
+	 * wrote it cannot be told. Said once per session.
+	 */
+	if (durable && relkind == RELKIND_RELATION)
+	{
+		HeapTuple	tuple = SearchSysCache1(RELOID, ObjectIdGetDatum(relid));
+
+		if (HeapTupleIsValid(tuple))
+		{
+			Oid			am = ((Form_pg_class) GETSTRUCT(tuple))->relam;
+
+			ReleaseSysCache(tuple);
+			uncounted = am != HEAP_TABLE_AM_OID;
+			if (uncounted && !warned_uncounted)
+			{
+				char	   *am_name = get_am_name(am);
+
+				warned_uncounted = true;
+				ereport(WARNING,
+						(errcode(ERRCODE_FEATURE_NOT_SUPPORTED),
+						 errmsg("durable table \"%s\" uses table access method \"%s\", whose writes are not counted per transaction",
+								get_rel_name(relid), am_name ? am_name : "?"),
+						 errdetail("Every commit in this database that writes anything is made durable."),
+						 errhint("Move the table to heap (ALTER TABLE ... SET ACCESS METHOD heap) or clear its class.")));
+			}
+		}
+	}
 	if (list->count == list->size)
 	{
 		list->size *= 2;
@@ -205,7 +241,8 @@ append_relation(ClassList *list, Oid relid, bool durable)
 		list->codes = repalloc(list->codes, list->size);
 	}
 	list->relids[list->count] = relid;
-	list->codes[list->count] = relkind == RELKIND_PARTITIONED_TABLE ? (durable ? 'P' : 'p') : (durable ? 'D' : 'd');
+	list->codes[list->count] = relkind == RELKIND_PARTITIONED_TABLE ? (durable ? 'P' : 'p')
+		: uncounted ? 'U' : (durable ? 'D' : 'd');
 	list->count++;
 }
 
