@@ -1,7 +1,9 @@
 -- 0.6.0 -> 0.6.1: the view delayed_durability_settings reads a database's
 -- max_loss_bytes and max_loss_time as the settings themselves read them
 -- (delayed_durability_setting_value()): a value written '8192B' or
--- '0x4000' made the whole view fail. The mode is shown in lower case.
+-- '0x4000' made the whole view fail. The mode is shown in lower case;
+-- track_lost_commits is the cluster's (a database cannot set it: text
+-- stored while the library was not loaded made the view fail).
 \echo Use "ALTER EXTENSION delayed_durability UPDATE TO '0.6.1'" to load this file. \quit
 
 CREATE  FUNCTION "delayed_durability_setting_value"(
@@ -20,7 +22,7 @@ CREATE OR REPLACE VIEW delayed_durability_settings AS
                     c.max_loss_bytes) AS max_loss_bytes,
            coalesce(@extschema@.delayed_durability_setting_value('delayed_durability.max_loss_time', db.max_loss_time),
                     c.max_loss_time_ms) * interval '1 ms' AS max_loss_time,
-           coalesce(db.track_lost_commits::boolean, c.track_lost_commits) AS track_lost_commits,
+           c.track_lost_commits,
            (SELECT count(*) FROM pg_catalog.pg_db_role_setting r, unnest(r.setconfig) AS s
              WHERE r.setrole <> 0 AND r.setdatabase IN (0, d.oid) AND s LIKE 'delayed\_durability.%') AS role_settings,
            CASE WHEN d.datname = pg_catalog.current_database()
@@ -31,8 +33,7 @@ CREATE OR REPLACE VIEW delayed_durability_settings AS
       LEFT JOIN LATERAL (
             SELECT max(split_part(s, '=', 2)) FILTER (WHERE s LIKE 'delayed\_durability.mode=%') AS mode,
                    max(split_part(s, '=', 2)) FILTER (WHERE s LIKE 'delayed\_durability.max\_loss\_bytes=%') AS max_loss_bytes,
-                   max(split_part(s, '=', 2)) FILTER (WHERE s LIKE 'delayed\_durability.max\_loss\_time=%') AS max_loss_time,
-                   max(split_part(s, '=', 2)) FILTER (WHERE s LIKE 'delayed\_durability.track\_lost\_commits=%') AS track_lost_commits
+                   max(split_part(s, '=', 2)) FILTER (WHERE s LIKE 'delayed\_durability.max\_loss\_time=%') AS max_loss_time
               FROM pg_catalog.pg_db_role_setting r, unnest(r.setconfig) AS s
              WHERE r.setdatabase = d.oid AND r.setrole = 0) AS db ON true
      WHERE d.datallowconn;

@@ -199,7 +199,11 @@ fn parse_with_unit(value: &str, unit: u32) -> Option<i64> {
     let (mut result, mut hint) = (0, std::ptr::null());
     // SAFETY: a NUL-terminated string and valid out-pointers; parse_int
     // reports failure by value and raises nothing.
-    unsafe { pg_sys::parse_int(value.as_ptr(), &mut result, unit as i32, &mut hint) }.then_some(result as i64)
+    // The settings' lower bound is 0 (their upper one, i32::MAX, parse_int
+    // checks).
+    unsafe { pg_sys::parse_int(value.as_ptr(), &mut result, unit as i32, &mut hint) }
+        .then_some(result as i64)
+        .filter(|&v| v >= 0)
 }
 
 /// What a stored value of `delayed_durability.max_loss_bytes` (in bytes) or
@@ -260,7 +264,7 @@ CREATE VIEW delayed_durability_settings AS
                     c.max_loss_bytes) AS max_loss_bytes,
            coalesce(@extschema@.delayed_durability_setting_value('delayed_durability.max_loss_time', db.max_loss_time),
                     c.max_loss_time_ms) * interval '1 ms' AS max_loss_time,
-           coalesce(db.track_lost_commits::boolean, c.track_lost_commits) AS track_lost_commits,
+           c.track_lost_commits,
            (SELECT count(*) FROM pg_catalog.pg_db_role_setting r, unnest(r.setconfig) AS s
              WHERE r.setrole <> 0 AND r.setdatabase IN (0, d.oid) AND s LIKE 'delayed\_durability.%') AS role_settings,
            CASE WHEN d.datname = pg_catalog.current_database()
@@ -271,8 +275,7 @@ CREATE VIEW delayed_durability_settings AS
       LEFT JOIN LATERAL (
             SELECT max(split_part(s, '=', 2)) FILTER (WHERE s LIKE 'delayed\_durability.mode=%') AS mode,
                    max(split_part(s, '=', 2)) FILTER (WHERE s LIKE 'delayed\_durability.max\_loss\_bytes=%') AS max_loss_bytes,
-                   max(split_part(s, '=', 2)) FILTER (WHERE s LIKE 'delayed\_durability.max\_loss\_time=%') AS max_loss_time,
-                   max(split_part(s, '=', 2)) FILTER (WHERE s LIKE 'delayed\_durability.track\_lost\_commits=%') AS track_lost_commits
+                   max(split_part(s, '=', 2)) FILTER (WHERE s LIKE 'delayed\_durability.max\_loss\_time=%') AS max_loss_time
               FROM pg_catalog.pg_db_role_setting r, unnest(r.setconfig) AS s
              WHERE r.setdatabase = d.oid AND r.setrole = 0) AS db ON true
      WHERE d.datallowconn;

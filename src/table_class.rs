@@ -81,6 +81,11 @@ struct Cache {
     /// Some durable table's access method is not heap: what a transaction
     /// wrote there is not counted, so every commit that writes is durable.
     any_uncounted_durable: Cell<bool>,
+    /// Durable tables invalidated since the map was read: their access
+    /// method is checked again at the next commit (ALTER TABLE SET ACCESS
+    /// METHOD), without reading every class again (VACUUM and ANALYZE
+    /// invalidate them too).
+    recheck: RefCell<Vec<u32>>,
     /// load() is running: any relcache invalidation then means reading
     /// again (the old map cannot tell whether it concerns the new one).
     loading: Cell<bool>,
@@ -106,6 +111,7 @@ static CACHE: Cache = Cache {
     classes: RefCell::new(HashMap::with_hasher(BuildHasherDefault::new())),
     any_durable: Cell::new(false),
     any_uncounted_durable: Cell::new(false),
+    recheck: RefCell::new(Vec::new()),
     loading: Cell::new(false),
     loaded_in_transaction: Cell::new(false),
     marker_seen: Cell::new(false),
@@ -116,6 +122,8 @@ static CACHE: Cache = Cache {
 unsafe extern "C-unwind" {
     fn dd_xact_modified_relations(out: *mut pg_sys::Oid, max: std::ffi::c_int) -> std::ffi::c_int;
     fn dd_relation_ignorable(relid: pg_sys::Oid) -> bool;
+    fn dd_relation_is_heap(relid: pg_sys::Oid) -> bool;
+    fn dd_warn_uncounted(relid: pg_sys::Oid);
     fn dd_table_class_config_relid() -> pg_sys::Oid;
     fn dd_table_class_load(
         config_relid: pg_sys::Oid,
@@ -163,15 +171,24 @@ unsafe extern "C-unwind" fn relation_changed(_arg: pg_sys::Datum, relid: pg_sys:
     if relid == MARKER_RELATION || relid == pg_sys::InvalidOid {
         CACHE.marker_seen.set(true);
     }
+    // None: the map is being replaced (then anything concerns it).
+    let entry = CACHE.classes.try_borrow().ok().map(|map| map.get(&u32::from(relid)).copied());
     let concerns_map = CACHE.loading.get()
         || relid == pg_sys::InvalidOid
         || relid == MARKER_RELATION
         || relid == CACHE.config_relid.get()
-        || CACHE.classes.try_borrow().map_or(true, |map| {
-            // A partitioned table gaining or losing a partition; a durable
-            // table whose access method may have changed.
-            map.get(&u32::from(relid)).is_some_and(|e| e.partitioned || e.class == Class::Durable)
-        });
+        // A partitioned table gaining or losing a partition.
+        || entry.map_or(true, |e| e.is_some_and(|e| e.partitioned));
+    if !concerns_map && matches!(entry, Some(Some(e)) if e.class == Class::Durable) {
+        // A durable table whose access method may have changed.
+        match CACHE.recheck.try_borrow_mut() {
+            Ok(mut queue) if queue.len() < 1024 => queue.push(u32::from(relid)),
+            _ => {
+                CACHE.valid.set(false);
+                CACHE.generation.set(CACHE.generation.get() + 1);
+            }
+        }
+    }
     if concerns_map {
         CACHE.valid.set(false);
         CACHE.generation.set(CACHE.generation.get() + 1);
@@ -225,7 +242,14 @@ fn read_classes() -> bool {
         }
     }
     CACHE.any_durable.set(map.values().any(|e| e.class == Class::Durable));
-    CACHE.any_uncounted_durable.set(map.values().any(|e| e.uncounted));
+    let uncounted = map.iter().find(|(_, e)| e.uncounted).map(|(relid, _)| *relid);
+    // Said each time it becomes true in this session.
+    if let (Some(relid), false) = (uncounted, CACHE.any_uncounted_durable.get()) {
+        // SAFETY: syscache lookups and a WARNING; guarded.
+        unsafe { pg_sys::ffi::pg_guard_ffi_boundary(|| dd_warn_uncounted(pg_sys::Oid::from(relid))) };
+    }
+    CACHE.any_uncounted_durable.set(uncounted.is_some());
+    CACHE.recheck.borrow_mut().clear();
     CACHE.config_relid.set(config);
     *CACHE.classes.borrow_mut() = map;
     CACHE.loaded_in_transaction.set(true);
@@ -289,6 +313,19 @@ pub fn modified() -> Modified {
     if generation != CACHE.seen_shared_generation.get() {
         CACHE.seen_shared_generation.set(generation);
         CACHE.valid.set(false);
+    }
+    if CACHE.valid.get() && !CACHE.recheck.borrow().is_empty() {
+        let queue = std::mem::take(&mut *CACHE.recheck.borrow_mut());
+        let map = CACHE.classes.borrow();
+        // SAFETY: syscache lookups; guarded.
+        let changed = queue.iter().any(|relid| {
+            map.get(relid).is_some_and(|e| {
+                e.uncounted == unsafe { pg_sys::ffi::pg_guard_ffi_boundary(|| dd_relation_is_heap(pg_sys::Oid::from(*relid))) }
+            })
+        });
+        if changed {
+            CACHE.valid.set(false);
+        }
     }
     if !CACHE.valid.get() {
         // Reading again: take the invalidations sent meanwhile first (a

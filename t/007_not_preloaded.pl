@@ -92,8 +92,9 @@ is($node->safe_psql('postgres', q{SELECT datname, mode, max_loss_bytes, max_loss
 	'the settings view reads 8192B, 0x10, 0x4000, 1.5s and FORCED as the settings do');
 is($node->safe_psql('postgres', q{SELECT delayed_durability_setting_value('delayed_durability.max_loss_bytes', '64kB'),
   delayed_durability_setting_value('delayed_durability.max_loss_time', '2min'),
-  delayed_durability_setting_value('delayed_durability.max_loss_time', 'soon') IS NULL}),
-	'65536|120000|t', 'delayed_durability_setting_value() reads units and refuses nonsense with NULL');
+  delayed_durability_setting_value('delayed_durability.max_loss_time', 'soon') IS NULL,
+  delayed_durability_setting_value('delayed_durability.max_loss_bytes', '-1') IS NULL}),
+	'65536|120000|t|t', 'delayed_durability_setting_value() reads units and refuses nonsense and negative values with NULL');
 my ($ret, $out, $err) = $node->psql('postgres', q{SELECT delayed_durability_setting_value('work_mem', '4MB')});
 like($err, qr/ERROR:  "work_mem" is not an integer setting of delayed_durability/, 'another setting\'s name is refused');
 $node->safe_psql('postgres', 'ALTER ROLE ALL RESET ALL');

@@ -141,6 +141,35 @@ $node->safe_psql('web', "COMMIT PREPARED 'with_class'");
 $bg->query_safe('CALL mark_wal(); COMMIT');
 is($bg->query_safe('SELECT flushed_since_mark()'), 't', 'COMMIT PREPARED of a class change: applies to the commit of a transaction open in another session');
 cmp_ok(config_scans() - $scans, '>=', 1, 'and that session read the classes again');
+
+# A durable table another session moves to another access method (heap's
+# own handler under another name: PostgreSQL has no other one) may not
+# count its writes: this session's next commit that writes anything is
+# durable, even one to a delayed table, forced. VACUUM and ANALYZE of a
+# durable table (which invalidate it) make no session read the classes
+# again.
+$node->safe_psql('web', "CREATE TABLE ledger (id int); SELECT delayed_durability_set_table_class('ledger', 'durable');
+INSERT INTO ledger SELECT generate_series(1, 1000)");
+$bg->query_safe("INSERT INTO clicks VALUES (7, '/loads the classes')");
+$scans = config_scans();
+# In this session: a new one would read the classes at its first commit.
+$bg->query_safe('VACUUM ledger');
+$bg->query_safe('ANALYZE ledger');
+$bg->query_safe('CALL mark_wal(); INSERT INTO clicks VALUES (8, \'/after a vacuum\')');
+is($bg->query_safe('SELECT flushed_since_mark()'), 'f', 'a delayed table\'s commit, forced, after a VACUUM of a durable table: delayed');
+is(config_scans() - $scans, 0, 'VACUUM and ANALYZE of a durable table: the session did not read the classes again');
+$node->safe_psql('web', 'CREATE ACCESS METHOD heap2 TYPE TABLE HANDLER heap_tableam_handler; ALTER TABLE ledger SET ACCESS METHOD heap2');
+# Not query_safe(): the WARNING comes on stderr (kept there until cleared).
+$bg->query('CALL mark_wal(); INSERT INTO clicks VALUES (9, \'/after the move\')');
+like($bg->{stderr}, qr/WARNING:  durable table "ledger" uses table access method "heap2"/, 'the session is told');
+$bg->{stderr} = '';
+is($bg->query_safe('SELECT flushed_since_mark()'), 't', 'a durable table moved to another access method by another session: this session\'s next commit is durable');
+ok($node->log_contains(qr/WARNING:  durable table "ledger" uses table access method "heap2", whose writes are not counted per transaction/),
+	'and the server log');
+$node->safe_psql('web', 'ALTER TABLE ledger SET ACCESS METHOD heap');
+$bg->query_safe('CALL mark_wal(); INSERT INTO clicks VALUES (10, \'/moved back\')');
+is($bg->query_safe('SELECT flushed_since_mark()'), 'f', 'moved back to heap: delayed again');
+$node->safe_psql('web', 'DROP TABLE ledger; DROP ACCESS METHOD heap2');
 $bg->quit;
 
 # The fail-safe: while the configuration table is locked (VACUUM FULL, an

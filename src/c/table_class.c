@@ -187,8 +187,42 @@ typedef struct ClassList
 	int			size;
 } ClassList;
 
-/* The WARNING of a durable table whose writes are not counted was given. */
-static bool warned_uncounted = false;
+/* Whether a plain table's access method is heap (true when it is gone). */
+bool
+dd_relation_is_heap(Oid relid)
+{
+	HeapTuple	tuple = SearchSysCache1(RELOID, ObjectIdGetDatum(relid));
+	bool		heap = true;
+
+	if (HeapTupleIsValid(tuple))
+	{
+		Form_pg_class form = (Form_pg_class) GETSTRUCT(tuple);
+
+		heap = form->relkind != RELKIND_RELATION || form->relam == HEAP_TABLE_AM_OID;
+		ReleaseSysCache(tuple);
+	}
+	return heap;
+}
+
+/* Says that a durable table's writes are not counted, and what follows. */
+void
+dd_warn_uncounted(Oid relid)
+{
+	HeapTuple	tuple = SearchSysCache1(RELOID, ObjectIdGetDatum(relid));
+	char	   *am_name = NULL;
+
+	if (HeapTupleIsValid(tuple))
+	{
+		am_name = get_am_name(((Form_pg_class) GETSTRUCT(tuple))->relam);
+		ReleaseSysCache(tuple);
+	}
+	ereport(WARNING,
+			(errcode(ERRCODE_FEATURE_NOT_SUPPORTED),
+			 errmsg("durable table \"%s\" uses table access method \"%s\", whose writes are not counted per transaction",
+					get_rel_name(relid) ? get_rel_name(relid) : "?", am_name ? am_name : "?"),
+			 errdetail("Every commit in this database that writes anything is made durable."),
+			 errhint("Move the table to heap (ALTER TABLE ... SET ACCESS METHOD heap) or clear its class.")));
+}
 
 /*
  * Codes: 'D'/'d' a durable/delayed table, 'P'/'p' a durable/delayed
@@ -207,33 +241,10 @@ append_relation(ClassList *list, Oid relid, bool durable)
 	/*
 	 * A durable table whose access method is not heap (a partition created
 	 * with another one, ALTER TABLE SET ACCESS METHOD after the class was
-	 * set): its writes may not be counted per transaction, so a commit that
-	 * wrote it cannot be told. Said once per session.
+	 * set): its writes may not be counted per transaction.
 	 */
 	if (durable && relkind == RELKIND_RELATION)
-	{
-		HeapTuple	tuple = SearchSysCache1(RELOID, ObjectIdGetDatum(relid));
-
-		if (HeapTupleIsValid(tuple))
-		{
-			Oid			am = ((Form_pg_class) GETSTRUCT(tuple))->relam;
-
-			ReleaseSysCache(tuple);
-			uncounted = am != HEAP_TABLE_AM_OID;
-			if (uncounted && !warned_uncounted)
-			{
-				char	   *am_name = get_am_name(am);
-
-				warned_uncounted = true;
-				ereport(WARNING,
-						(errcode(ERRCODE_FEATURE_NOT_SUPPORTED),
-						 errmsg("durable table \"%s\" uses table access method \"%s\", whose writes are not counted per transaction",
-								get_rel_name(relid), am_name ? am_name : "?"),
-						 errdetail("Every commit in this database that writes anything is made durable."),
-						 errhint("Move the table to heap (ALTER TABLE ... SET ACCESS METHOD heap) or clear its class.")));
-			}
-		}
-	}
+		uncounted = !dd_relation_is_heap(relid);
 	if (list->count == list->size)
 	{
 		list->size *= 2;

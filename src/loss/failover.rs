@@ -23,7 +23,6 @@ use crate::walbuf::pmem::Mapping;
 use pgrx::pg_sys;
 use pgrx::prelude::*;
 use std::fmt::Write as _;
-use std::io::Write as _;
 
 const FAILOVER_FILE: &str = "delayed_durability/failovers";
 

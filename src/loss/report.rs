@@ -146,6 +146,16 @@ pub(super) fn sync_dir() -> std::io::Result<()> {
     std::fs::File::open(DIR)?.sync_all()
 }
 
+/// Held while the report is read and written again: the report worker
+/// appends a crash, a backend resets the report; without it either could
+/// write over the other's change (a crash's recovery end lost, a reset
+/// undone). Released when the file is closed.
+fn lock_report() -> std::io::Result<std::fs::File> {
+    let file = std::fs::OpenOptions::new().create(true).truncate(false).write(true).open(format!("{REPORT_FILE}.lock"))?;
+    file.lock()?;
+    Ok(file)
+}
+
 /// Replaces a file of the record directory with `text`, whole: written to
 /// a temporary file of this process (the worker and a backend may write
 /// the same file at once), synced, renamed into place, the directory
@@ -529,6 +539,7 @@ pub(super) fn append_report(lines: &str) -> std::io::Result<()> {
     if lines.is_empty() {
         return Ok(());
     }
+    let _lock = lock_report()?;
     let mut text = match read_text(REPORT_FILE) {
         Ok(text) => text.unwrap_or_default(),
         Err(e) => {
@@ -993,6 +1004,7 @@ fn delayed_durability_lost_commit_rows() -> TableIterator<
 /// recovered and up to where: a receipt of a commit one of them lost must
 /// not read durable once the report is reset.
 pub(super) fn forget_crashes() -> std::io::Result<()> {
+    let _lock = lock_report()?;
     let report = read_report().map_err(|e| std::io::Error::new(e.kind(), format!("could not read \"{REPORT_FILE}\": {e}")))?;
     let mut text = String::new();
     for (at, end) in report.recoveries.iter().copied().chain(report.crashes.iter().map(|c| (c.recovered_at, c.recovered_end))) {
