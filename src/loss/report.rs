@@ -271,7 +271,9 @@ fn move_aside(path: &str) {
 fn remove_leftover_temporary_files() {
     let Ok(entries) = std::fs::read_dir(DIR) else { return };
     for entry in entries.flatten() {
-        if entry.file_name().to_string_lossy().contains(".tmp.") {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        // "pending.tmp": the name 0.6.0 wrote the noted crash under.
+        if name.contains(".tmp.") || name.ends_with(".tmp") {
             let _ = std::fs::remove_file(entry.path());
         }
     }
