@@ -37,7 +37,7 @@ source "$(dirname "$0")/common.sh"
 # 15 only: they test Rust code alone, and their debug build would cost each
 # other version minutes. Each version's duration is printed with its counts.
 CI_SECOND_PG=18
-CI_SECOND_TORTURE_CYCLES=6
+CI_SECOND_TORTURE_CYCLES=10
 VERSION_TAP="t/002_forced.pl t/013_hardening.pl t/014_wal_buffer.pl t/016_error_reports.pl
   t/017_wal_buffer_shared.pl t/019_sequence_new_in_transaction.pl t/021_loss_budget.pl t/022_lost_commits.pl
   t/025_failed_statements.pl t/029_loss_budget_torture.pl t/033_power_cut_model.pl"

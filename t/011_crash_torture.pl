@@ -212,9 +212,10 @@ for my $cycle (1 .. $cycles)
 			'>', "$tmp/client$client.out", '2>', "$tmp/client$client.err");
 	}
 	usleep(int(200_000 + rand(1_300_000)));
-	# The first cycle is always a power cut, so that every kind of crash is
-	# checked at any cycle count.
-	my $power_cut = $cycle == 1 || rand() < 0.5;
+	# The first two cycles are always power cuts, so that every kind of
+	# crash is checked at any cycle count, and a cut that finds everything
+	# flushed (the WAL writer had just flushed) leaves another to bite.
+	my $power_cut = $cycle <= 2 || rand() < 0.5;
 	kill_everything($node);
 	stop_fsync_trace($trace);
 	# Where each transaction's own commit record lies, from the WAL files
