@@ -290,6 +290,13 @@ import_record($node_a, 'failback to A', 2, $saved_b, [ 121 .. 126 ]);
 judge_listed($node_a, 'failback to A', 3, [ 121 .. 126 ]);
 is($node_a->safe_psql('postgres', 'SELECT string_agg(old_timeline || \'->\' || new_timeline, \',\' ORDER BY new_timeline) FROM delayed_durability_failovers'),
 	'1->2,2->3', 'A shows both failovers of the database system (the first one came with pg_rewind)');
+# The first failover's row came to A with pg_rewind, from B, before A
+# delivered its record there: it waited on A. A's promotion gives it A's own
+# saved record of timeline 1 (delivered since): A lists what B lists.
+judge_listed($node_a, 'the first failover, on A', 2, [ 21 .. 26 ]);
+like($node_a->safe_psql('postgres', 'SELECT detail FROM delayed_durability_failovers WHERE new_timeline = 2'),
+	qr/^exact: 6 acknowledged delayed commits .* \(imported from this server's own saved record "[^"]*\Q$saved[0]\E\.delivered"\)$/,
+	'the first failover\'s row on A names A\'s own saved record');
 
 # C, cut off with B, promoted too: it records the failover from timeline 2
 # only, not again the one from timeline 1 it followed as a standby.

@@ -13,6 +13,10 @@
 //!   next to the persistent WAL buffer) and lists, as lost in the failover,
 //!   every acknowledged delayed commit whose commit record ends past the
 //!   switch point.
+//! - A failover row that came with `pg_rewind` from the server promoted
+//!   then (still waiting there for this server's record, when this server
+//!   was its old primary) is completed at this server's own later
+//!   promotion from its own saved record of that timeline.
 //! - `delayed_durability_exposure(lsn)`: what a promotion of a standby that
 //!   has flushed WAL up to `lsn` would lose now, from this primary's record.
 
@@ -262,10 +266,42 @@ pub fn note_timeline() -> std::io::Result<()> {
             );
         }
     }
+    attach_own_records(&mut failovers);
     // The events and the timeline they bring this server to, in one write:
     // a crash in between cannot record a failover twice.
     failovers.timeline = Some(current);
     write_failovers(&failovers)
+}
+
+/// At a promotion: a failover still waiting for the record of the old
+/// primary that was this server (the row came with pg_rewind or a base
+/// backup from the server promoted then, before this one delivered its
+/// record there) gets it from this server's own saved record of that
+/// timeline, as the other server did: both list the same commits.
+fn attach_own_records(failovers: &mut Failovers) {
+    // SAFETY: reads the control data PostgreSQL keeps in shared memory.
+    let system_id = unsafe { pg_sys::GetSystemIdentifier() };
+    let waiting: Vec<u32> = failovers.events.iter().filter(|e| e.lost.is_none()).map(|e| e.old_tli).collect();
+    for old_tli in waiting {
+        let Some(path) = super::saved_record::own_record_of(system_id, old_tli) else { continue };
+        let source = format!("this server's own saved record \"{}\"", path.display());
+        let attached = std::fs::read(&path)
+            .map_err(|e| Refusal::new(PgSqlErrorCode::ERRCODE_IO_ERROR, format!("could not read {source}: {e}"), "").into())
+            .and_then(|bytes| {
+                let (_memory, ring) = ring_in_memory(&bytes, &source)?;
+                attach(failovers, &ring, &fingerprint(&bytes), &source, Some(old_tli as i32))
+            });
+        match attached {
+            Ok(lost) => pgrx::log!(
+                "delayed_durability: {lost} acknowledged delayed commits lost in the failover from timeline {old_tli} listed from {source}"
+            ),
+            Err(Attached::Already { .. }) => {}
+            Err(Attached::Refused(r)) => pgrx::log!(
+                "delayed_durability: the failover from timeline {old_tli} still waits for its old primary's record: {}",
+                r.message
+            ),
+        }
+    }
 }
 
 fn error(code: PgSqlErrorCode, message: String, hint: &str) -> ! {
@@ -305,27 +341,49 @@ fn load_record(path: &str) -> (Vec<u8>, Ring, String) {
 /// A record's bytes copied into memory aligned for its atomics, as a ring;
 /// `source` names it in errors.
 fn ring_from_bytes(bytes: &[u8], source: &str) -> (Vec<u8>, Ring) {
+    ring_in_memory(bytes, source).unwrap_or_else(|r| r.raise())
+}
+
+fn ring_in_memory(bytes: &[u8], source: &str) -> Result<(Vec<u8>, Ring), Refusal> {
     let largest = ring::file_len(1 << 24);
     if bytes.len() > largest {
-        error(
+        return Err(Refusal::new(
             PgSqlErrorCode::ERRCODE_INVALID_PARAMETER_VALUE,
             format!("{source} is not a record of acknowledged commits (more than {largest} bytes)"),
             "",
-        );
+        ));
     }
     let mut memory = vec![0u8; bytes.len() + 64];
     let offset = memory.as_ptr().align_offset(64);
     memory[offset..offset + bytes.len()].copy_from_slice(bytes);
     // SAFETY: the vector outlives the ring (both are returned together).
     let map = Mapping { addr: unsafe { memory.as_mut_ptr().add(offset) }, len: bytes.len(), is_pmem: false };
-    let ring = Ring::new(map).unwrap_or_else(|why| {
-        error(
+    let ring = Ring::new(map).map_err(|why| {
+        Refusal::new(
             PgSqlErrorCode::ERRCODE_DATA_CORRUPTED,
             format!("{source} {why}"),
             "Give the old primary's delayed_durability/commits (or the .commits file next to its persistent WAL buffer), copied whole while it was down.",
         )
-    });
-    (memory, ring)
+    })?;
+    Ok((memory, ring))
+}
+
+/// Why a record is not taken: raised as an ERROR in SQL, logged by the
+/// report worker.
+struct Refusal {
+    code: PgSqlErrorCode,
+    message: String,
+    hint: &'static str,
+}
+
+impl Refusal {
+    fn new(code: PgSqlErrorCode, message: String, hint: &'static str) -> Refusal {
+        Refusal { code, message, hint }
+    }
+
+    fn raise(self) -> ! {
+        error(self.code, self.message, self.hint)
+    }
 }
 
 /// The old primary's record is read on the promoted server only.
@@ -389,38 +447,74 @@ fn delayed_durability_receive_failover_record(
 /// already imported (same fingerprint) is refused, or when `again_ok`,
 /// answered with the count it gave.
 fn import(ring: &Ring, fp: &str, source: &str, old_timeline: Option<i32>, again_ok: bool) -> i64 {
-    // SAFETY: reads the control data PostgreSQL keeps in shared memory.
-    let system_id = unsafe { pg_sys::GetSystemIdentifier() };
-    if ring.system_id() != system_id {
-        error(
-            PgSqlErrorCode::ERRCODE_INVALID_PARAMETER_VALUE,
-            format!("{source} is the record of another database system ({}; this one is {system_id})", ring.system_id()),
-            "Give the record of this server's old primary.",
-        );
-    }
+    // Before the lock and the history: a record of another system is
+    // refused whatever this server's files say (attach() checks it again).
+    refuse_other_system(ring, source).unwrap_or_else(|r| r.raise());
     let _lock = lock().unwrap_or_else(|e| {
         error(PgSqlErrorCode::ERRCODE_IO_ERROR, format!("could not lock \"{FAILOVER_FILE}.lock\": {e}"), "")
     });
     let mut failovers = failovers_to_show();
-    if let Some((id, _)) = failovers.records.iter().find(|(_, f)| f == fp) {
-        let event = failovers.events.iter().find(|e| e.id == *id);
-        let (old_tli, lost) = event.map_or((0, 0), |e| (e.old_tli, e.lost.unwrap_or(0)));
-        if again_ok {
-            return lost;
-        }
-        error(
+    let lost = match attach(&mut failovers, ring, fp, source, old_timeline) {
+        Ok(lost) => lost,
+        Err(Attached::Already { lost, .. }) if again_ok => return lost,
+        Err(Attached::Already { old_tli, .. }) => error(
             PgSqlErrorCode::ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
             format!("no failover on this server waits for {source}: it was imported for the failover from timeline {old_tli}"),
             "SELECT * FROM delayed_durability_failovers shows the failovers recorded here.",
-        );
+        ),
+        Err(Attached::Refused(r)) => r.raise(),
+    };
+    write_failovers(&failovers).unwrap_or_else(|e| {
+        error(PgSqlErrorCode::ERRCODE_IO_ERROR, format!("could not write \"{FAILOVER_FILE}\": {e}"), "")
+    });
+    pgrx::log!("delayed_durability: {lost} acknowledged delayed commits lost in the failover listed from {source}");
+    lost
+}
+
+fn refuse_other_system(ring: &Ring, source: &str) -> Result<(), Refusal> {
+    // SAFETY: reads the control data PostgreSQL keeps in shared memory.
+    let system_id = unsafe { pg_sys::GetSystemIdentifier() };
+    if ring.system_id() != system_id {
+        return Err(Refusal::new(
+            PgSqlErrorCode::ERRCODE_INVALID_PARAMETER_VALUE,
+            format!("{source} is the record of another database system ({}; this one is {system_id})", ring.system_id()),
+            "Give the record of this server's old primary.",
+        ));
+    }
+    Ok(())
+}
+
+enum Attached {
+    /// This record was imported before, for the failover from `old_tli`,
+    /// listing `lost`.
+    Already { old_tli: u32, lost: i64 },
+    Refused(Refusal),
+}
+
+impl From<Refusal> for Attached {
+    fn from(r: Refusal) -> Attached {
+        Attached::Refused(r)
+    }
+}
+
+/// The import itself, in memory: the failover waiting for the record (the
+/// last one, or the one from `old_timeline`) gets its list and becomes
+/// exact, unless the record is refused.
+fn attach(failovers: &mut Failovers, ring: &Ring, fp: &str, source: &str, old_timeline: Option<i32>) -> Result<i64, Attached> {
+    refuse_other_system(ring, source)?;
+    if let Some((id, _)) = failovers.records.iter().find(|(_, f)| f == fp) {
+        let event = failovers.events.iter().find(|e| e.id == *id);
+        let (old_tli, lost) = event.map_or((0, 0), |e| (e.old_tli, e.lost.unwrap_or(0)));
+        return Err(Attached::Already { old_tli, lost });
     }
     let waiting = failovers.events.iter().filter(|e| e.lost.is_none()).count();
     if old_timeline.is_none() && waiting > 1 {
-        error(
+        return Err(Refusal::new(
             PgSqlErrorCode::ERRCODE_INVALID_PARAMETER_VALUE,
             format!("{waiting} failovers on this server wait for their old primary's record: name the old timeline"),
             "Call delayed_durability_import_failover_record(path, old_timeline) with the timeline the old primary was on.",
-        );
+        )
+        .into());
     }
     let Some(event) = failovers
         .events
@@ -428,28 +522,35 @@ fn import(ring: &Ring, fp: &str, source: &str, old_timeline: Option<i32>, again_
         .rev()
         .find(|e| e.lost.is_none() && old_timeline.is_none_or(|t| t as u32 == e.old_tli))
     else {
-        error(
+        return Err(Refusal::new(
             PgSqlErrorCode::ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
             "no failover on this server waits for its old primary's record".into(),
             "SELECT * FROM delayed_durability_failovers shows the failovers recorded here.",
         )
+        .into());
     };
     let snapshot = ring.snapshot();
     let newest = snapshot.entries.iter().map(|a| a.commit_end).max();
     match newest {
-        None => error(
-            PgSqlErrorCode::ERRCODE_INVALID_PARAMETER_VALUE,
-            format!("{source} holds no acknowledged commit"),
-            "The old primary's record is formatted anew at each of its starts: take the file it had when it failed.",
-        ),
-        Some(newest) if newest <= event.switch && snapshot.summary.max_end <= event.switch => error(
-            PgSqlErrorCode::ERRCODE_INVALID_PARAMETER_VALUE,
-            format!(
-                "every acknowledged commit in {source} ends before the switch point {}: the record is older than the failover",
-                lsn_text(event.switch)
-            ),
-            "Take the record the old primary had when it failed; if it acknowledged no delayed commit past the switch point, nothing was lost.",
-        ),
+        None => {
+            return Err(Refusal::new(
+                PgSqlErrorCode::ERRCODE_INVALID_PARAMETER_VALUE,
+                format!("{source} holds no acknowledged commit"),
+                "The old primary's record is formatted anew at each of its starts: take the file it had when it failed.",
+            )
+            .into())
+        }
+        Some(newest) if newest <= event.switch && snapshot.summary.max_end <= event.switch => {
+            return Err(Refusal::new(
+                PgSqlErrorCode::ERRCODE_INVALID_PARAMETER_VALUE,
+                format!(
+                    "every acknowledged commit in {source} ends before the switch point {}: the record is older than the failover",
+                    lsn_text(event.switch)
+                ),
+                "Take the record the old primary had when it failed; if it acknowledged no delayed commit past the switch point, nothing was lost.",
+            )
+            .into())
+        }
         _ => {}
     }
     let (lapped, min_end) = (snapshot.lapped, snapshot.entries_min_end());
@@ -481,11 +582,7 @@ fn import(ring: &Ring, fp: &str, source: &str, old_timeline: Option<i32>, again_
     failovers.lost.extend(lost.iter().map(|a| (id, *a)));
     failovers.records.retain(|(i, _)| *i != id);
     failovers.records.push((id, fp.to_string()));
-    write_failovers(&failovers).unwrap_or_else(|e| {
-        error(PgSqlErrorCode::ERRCODE_IO_ERROR, format!("could not write \"{FAILOVER_FILE}\": {e}"), "")
-    });
-    pgrx::log!("delayed_durability: {} acknowledged delayed commits lost in the failover listed from {source}", lost.len());
-    lost.len() as i64
+    Ok(lost.len() as i64)
 }
 
 #[pg_extern(volatile, parallel_safe)]

@@ -134,6 +134,35 @@ pub(super) fn timeline_of(path: &Path) -> Option<u32> {
     name.rsplit_once("-tl")?.1.parse().ok()
 }
 
+/// This node's newest saved record written on `timeline`, delivered,
+/// refused or not yet delivered (never one of a crash it reported itself:
+/// that one is of an earlier run on the timeline than the one a failover
+/// ended), if the directory is set and usable and it is a file no larger
+/// than a record can be.
+pub(super) fn own_record_of(system_id: u64, timeline: u32) -> Option<PathBuf> {
+    let dir = directory()?.ok()?;
+    let prefix = node_prefix(system_id);
+    let mut newest: Option<(std::time::SystemTime, PathBuf)> = None;
+    for entry in std::fs::read_dir(&dir).ok()?.flatten() {
+        let name = entry.file_name();
+        let Some(name) = name.to_str() else { continue };
+        let Some(stem) = [".commits", DELIVERED, REFUSED].iter().find_map(|end| name.strip_suffix(end)) else { continue };
+        if !name.starts_with(&prefix) || stem.rsplit_once("-tl").and_then(|(_, t)| t.parse::<u32>().ok()) != Some(timeline) {
+            continue;
+        }
+        // Followed if a link; never a FIFO or device the read would block on.
+        let Ok(meta) = std::fs::metadata(entry.path()) else { continue };
+        if !meta.is_file() || meta.len() > super::ring::file_len(1 << 24) as u64 {
+            continue;
+        }
+        let Ok(modified) = meta.modified() else { continue };
+        if newest.as_ref().is_none_or(|(t, _)| modified > *t) {
+            newest = Some((modified, entry.path()));
+        }
+    }
+    newest.map(|(_, p)| p)
+}
+
 /// This node's newest saved record not yet delivered, if the directory is
 /// set and usable; older ones are never delivered (the newest is the
 /// record of the last crash, the one a failover can have followed).
