@@ -368,6 +368,28 @@ INSERT INTO dly VALUES (44);
 SELECT pg_current_wal_insert_lsn() AS before_commit \gset
 COMMIT;
 SELECT pg_current_wal_flush_lsn() > :'before_commit'::pg_lsn AS again_flushed_without_a_second_warning;
+-- Neither an opt-in nor an error caught after the uncounted table's write
+-- (PL/pgSQL, or psql's ON_ERROR_ROLLBACK savepoint: the write is rolled
+-- back, the transaction goes on) makes such a commit delayed.
+SET delayed_durability.mode = 'allowed';
+BEGIN;
+SELECT commit_delayed();
+INSERT INTO dly VALUES (46);
+DO $$ BEGIN INSERT INTO moved_payments VALUES (1); RAISE EXCEPTION 'caught'; EXCEPTION WHEN raise_exception THEN NULL; END $$;
+SELECT pg_current_wal_insert_lsn() AS before_commit \gset
+COMMIT;
+SELECT pg_current_wal_flush_lsn() > :'before_commit'::pg_lsn AS opted_in_after_caught_error_flushed;
+\set ON_ERROR_ROLLBACK on
+BEGIN;
+SELECT commit_delayed();
+INSERT INTO dly VALUES (47);
+INSERT INTO moved_payments SELECT 1 / (2 - g) FROM generate_series(1, 2) AS g;
+SELECT pg_current_wal_insert_lsn() AS before_commit \gset
+COMMIT;
+\set ON_ERROR_ROLLBACK off
+SELECT pg_current_wal_flush_lsn() > :'before_commit'::pg_lsn AS opted_in_after_rolled_back_statement_flushed;
+SELECT count(*) AS rolled_back_rows FROM moved_payments;
+SET delayed_durability.mode = 'forced';
 ALTER TABLE moved_payments SET ACCESS METHOD heap;
 BEGIN;
 INSERT INTO dly VALUES (45);
