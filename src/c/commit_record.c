@@ -159,14 +159,17 @@ dd_commit_record_at(XLogRecPtr end, TransactionId xid, TimestampTz at,
 		ErrorData  *error;
 
 		/*
-		 * A segment removed, or one that cannot be read: said, not raised.
+		 * A segment removed, or one that cannot be read (an I/O error,
+		 * its permissions, no file descriptor left): said, not raised.
 		 * Anything else (a cancel, out of memory) goes on.
 		 */
 		MemoryContextSwitchTo(caller);
 		error = CopyErrorData();
 		if (error->elevel != ERROR ||
 			(ERRCODE_TO_CATEGORY(error->sqlerrcode) != ERRCODE_SYSTEM_ERROR &&
-			 error->sqlerrcode != ERRCODE_DATA_CORRUPTED))
+			 error->sqlerrcode != ERRCODE_DATA_CORRUPTED &&
+			 error->sqlerrcode != ERRCODE_INSUFFICIENT_PRIVILEGE &&
+			 error->sqlerrcode != ERRCODE_INSUFFICIENT_RESOURCES))
 		{
 			FreeErrorData(error);
 			XLogReaderFree(reader);
