@@ -553,7 +553,7 @@ fn attach(failovers: &mut Failovers, ring: &Ring, fp: &str, source: &str, old_ti
         }
         _ => {}
     }
-    let (lapped, min_end) = (snapshot.lapped, snapshot.entries_min_end());
+    let (lapped, min_end, lost_at_restart) = (snapshot.lapped, snapshot.entries_min_end(), snapshot.lost_at_restart);
     let mut lost: Vec<Acked> = snapshot.entries.into_iter().filter(|a| a.commit_end > event.switch).collect();
     lost.sort_by_key(|a| a.commit_end);
     let summarized = if snapshot.summary.count > 0 && snapshot.summary.max_end > event.switch { snapshot.summary.count } else { 0 };
@@ -570,6 +570,10 @@ fn attach(failovers: &mut Failovers, ring: &Ring, fp: &str, source: &str, old_ti
             lost.len(),
             if summarized > 0 {
                 format!("summarized up to {summarized} more")
+            } else if lost_at_restart {
+                "did not survive the restart of its machine (it is not on persistent memory): its last entries may be gone, \
+the ones listed are certainly lost"
+                    .into()
             } else if overwritten {
                 "went round: older acknowledgements past the switch point may be missing".into()
             } else {

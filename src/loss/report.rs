@@ -328,7 +328,7 @@ fn open(current: Option<Ring>, crash_restart: bool) -> Result<Ring, String> {
                 // Not after a base backup or pg_rewind (backup_label): the
                 // record is then the source server's.
                 if held > 0 && s.system_id == control.system_id && !Path::new("backup_label").exists() {
-                    super::saved_record::save(&shown, control.system_id, held);
+                    super::saved_record::save(&shown, control.system_id, held, lost_at_restart(&s, &boot_id, crash_restart));
                 }
             }
             Some(prev)
@@ -341,6 +341,7 @@ fn open(current: Option<Ring>, crash_restart: bool) -> Result<Ring, String> {
         }
         Found::Damaged(why, salvaged) => {
             let salvaged_entries = salvaged.as_ref().map_or(0, |s| s.entries.len() as u64 + s.summary.count);
+            let salvaged_lost_at_restart = salvaged.as_ref().is_some_and(|s| lost_at_restart(s, &boot_id, crash_restart));
             if crashed {
                 match salvaged {
                     Some(snapshot) if start_kind() == StartKind::Own && snapshot.system_id == control.system_id => write_or_remember(
@@ -353,7 +354,7 @@ fn open(current: Option<Ring>, crash_restart: bool) -> Result<Ring, String> {
             pgrx::warning!("delayed_durability: {why}; a new record is started");
             // A torn record is still what a failover's import can salvage.
             if crashed && salvaged_entries > 0 && !Path::new("backup_label").exists() {
-                super::saved_record::save(&shown, control.system_id, salvaged_entries);
+                super::saved_record::save(&shown, control.system_id, salvaged_entries, salvaged_lost_at_restart);
             }
             move_aside(&shown);
             None
@@ -430,6 +431,7 @@ fn note_unknown_crash(why: String) {
                 torn: false,
                 summary: Summary::default(),
                 incomplete: false,
+                lost_at_restart: false,
                 boot_id: [0; ring::BOOT_ID_LEN],
                 persistent: false,
                 system_id: 0,
@@ -553,6 +555,16 @@ pub(super) fn append_report(lines: &str) -> std::io::Result<()> {
     write_whole(REPORT_FILE, &text)
 }
 
+/// Whether a crashed run's record may have lost its last entries with the
+/// page cache: not on persistent memory, and the machine restarted since it
+/// was written (not a crash restart of the server alone).
+fn lost_at_restart(snapshot: &Snapshot, boot_id: &[u8; ring::BOOT_ID_LEN], crash_restart: bool) -> bool {
+    // A boot id that could not be read proves nothing: treated as changed.
+    let no_boot_id = |id: &[u8; ring::BOOT_ID_LEN]| id.iter().all(|&b| b == 0);
+    let rebooted = snapshot.boot_id != *boot_id || no_boot_id(boot_id) || no_boot_id(&snapshot.boot_id);
+    !crash_restart && rebooted && !snapshot.persistent
+}
+
 fn note_crash(prev: &Ring, control: &Control, boot_id: &[u8; ring::BOOT_ID_LEN], crash_restart: bool) {
     match start_kind() {
         StartKind::Copy => {
@@ -580,10 +592,7 @@ fn note_crash(prev: &Ring, control: &Control, boot_id: &[u8; ring::BOOT_ID_LEN],
         return;
     }
     let snapshot = prev.snapshot();
-    // A boot id that could not be read proves nothing: treated as changed.
-    let no_boot_id = |id: &[u8; ring::BOOT_ID_LEN]| id.iter().all(|&b| b == 0);
-    let rebooted = snapshot.boot_id != *boot_id || no_boot_id(boot_id) || no_boot_id(&snapshot.boot_id);
-    let status = if !crash_restart && rebooted && !snapshot.persistent {
+    let status = if lost_at_restart(&snapshot, boot_id, crash_restart) {
         Status::UnknownRestart
     } else if snapshot.incomplete {
         Status::UnknownIncomplete

@@ -19,6 +19,11 @@ const VERSION: u32 = 1;
 #[allow(dead_code)] // the offset t/021_loss_report.pl writes at
 pub const BOOT_ID_OFFSET: usize = 32;
 pub const BOOT_ID_LEN: usize = 40;
+/// Where the header keeps its `incomplete` word, and the value a saved
+/// copy gets there when the record did not survive the restart of the
+/// machine that wrote it (saved_record.rs): its last entries may be gone.
+pub const INCOMPLETE_OFFSET: usize = 28;
+pub const LOST_AT_RESTART: u32 = 2;
 const WRITING: u64 = u64::MAX;
 
 /// One acknowledged delayed commit.
@@ -86,7 +91,9 @@ struct Header {
     system_id: u64,
     /// 1 when the file is on persistent memory and entries are persisted.
     persistent: u32,
-    /// Set when a delayed commit was acknowledged without an entry.
+    /// 1 when a delayed commit was acknowledged without an entry;
+    /// LOST_AT_RESTART in a saved copy of a record that did not survive
+    /// its machine's restart.
     incomplete: AtomicU32,
     boot_id: [u8; BOOT_ID_LEN],
     summary: SharedSummary,
@@ -111,6 +118,9 @@ pub struct Snapshot {
     pub torn: bool,
     pub summary: Summary,
     pub incomplete: bool,
+    /// A saved copy of a record that did not survive the restart of the
+    /// machine that wrote it (also `incomplete`).
+    pub lost_at_restart: bool,
     pub boot_id: [u8; BOOT_ID_LEN],
     pub persistent: bool,
     /// The cluster the record belongs to.
@@ -245,6 +255,7 @@ impl Ring {
             torn,
             summary: self.summary(),
             incomplete: h.incomplete.load(Ordering::Relaxed) != 0,
+            lost_at_restart: h.incomplete.load(Ordering::Relaxed) == LOST_AT_RESTART,
             boot_id: h.boot_id,
             persistent: h.persistent != 0,
             system_id: h.system_id,
@@ -612,6 +623,7 @@ mod tests {
     #[test]
     fn header_layout() {
         assert_eq!(std::mem::offset_of!(Header, boot_id), BOOT_ID_OFFSET);
+        assert_eq!(std::mem::offset_of!(Header, incomplete), INCOMPLETE_OFFSET);
         assert_eq!(ENTRIES_OFFSET % 64, 0);
         assert_eq!(std::mem::size_of::<Entry>(), 64);
     }

@@ -71,7 +71,10 @@ pub(super) fn check_at_start() {
 
 /// Copies the crashed run's record file `ring_file` into the directory, if
 /// one is set; never fails the start (a WARNING says why it could not).
-pub(super) fn save(ring_file: &str, system_id: u64, entries: u64) {
+/// `lost_at_restart`: the record did not survive the machine's restart
+/// (not on persistent memory): the copy says so in its header, and a
+/// failover's list from it is not exact.
+pub(super) fn save(ring_file: &str, system_id: u64, entries: u64, lost_at_restart: bool) {
     let dir = match directory() {
         None => return,
         Some(Err(why)) => {
@@ -82,12 +85,17 @@ pub(super) fn save(ring_file: &str, system_id: u64, entries: u64) {
         }
         Some(Ok(dir)) => dir,
     };
-    match copy_into(&dir, ring_file, system_id) {
+    match copy_into(&dir, ring_file, system_id, lost_at_restart) {
         Ok(saved) => pgrx::log!(
-            "delayed_durability: the record of the crashed run ({entries} entries) is saved in \"{}\"; if a standby \
+            "delayed_durability: the record of the crashed run ({entries} entries) is saved in \"{}\"{}; if a standby \
 was promoted meanwhile, this server delivers it there once it streams from it as a standby (or import it there with \
 delayed_durability_import_failover_record())",
-            saved.display()
+            saved.display(),
+            if lost_at_restart {
+                ", marked as not surviving the operating-system restart (its last entries may be gone: a failover's list from it is not exact)"
+            } else {
+                ""
+            }
         ),
         Err(e) => pgrx::warning!(
             "delayed_durability: could not save the record of the crashed run in \"{}\": {e}",
@@ -221,7 +229,7 @@ then is not delivered (\"{}\"; if a standby was promoted from that timeline mean
     }
 }
 
-fn copy_into(dir: &Path, ring_file: &str, system_id: u64) -> std::io::Result<PathBuf> {
+fn copy_into(dir: &Path, ring_file: &str, system_id: u64, lost_at_restart: bool) -> std::io::Result<PathBuf> {
     let prefix = node_prefix(system_id);
     let secs = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs());
     // The timeline the crashed run wrote on: the delivery names it, so
@@ -230,7 +238,14 @@ fn copy_into(dir: &Path, ring_file: &str, system_id: u64) -> std::io::Result<Pat
     let target = dir.join(format!("{prefix}{secs}-{}{timeline}.commits", std::process::id()));
     let partial = target.with_extension("partial");
     let copied = std::fs::copy(ring_file, &partial)
-        .and_then(|_| std::fs::File::open(&partial)?.sync_all())
+        .and_then(|_| {
+            let copy = std::fs::OpenOptions::new().write(true).open(&partial)?;
+            if lost_at_restart {
+                use std::os::unix::fs::FileExt;
+                copy.write_all_at(&super::ring::LOST_AT_RESTART.to_ne_bytes(), super::ring::INCOMPLETE_OFFSET as u64)?;
+            }
+            copy.sync_all()
+        })
         .and_then(|()| std::fs::rename(&partial, &target));
     if let Err(e) = copied {
         let _ = std::fs::remove_file(&partial);
