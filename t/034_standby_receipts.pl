@@ -103,9 +103,10 @@ is($standby->safe_psql('postgres', "SELECT status FROM receipt_status('$system:$
 # by another user): the receipt reads unknown, naming why, not an ERROR and
 # not durable (a standby has no crash report to stand for it).
 my $segment = $standby->data_dir . '/pg_wal/' . $primary->safe_psql('postgres', "SELECT pg_walfile_name('$end')");
+my $segment_mode = (stat $segment)[2] & 07777;
 chmod 0000, $segment or die "chmod $segment: $!";
 my ($unreadable_status, $unreadable_detail) = split /\|/, $standby->safe_psql('postgres', "SELECT status, detail FROM receipt_status('$receipt{3}')");
-chmod 0600, $segment or die "chmod $segment: $!";
+chmod $segment_mode, $segment or die "chmod $segment: $!";
 is($unreadable_status, 'unknown', 'a receipt whose segment the standby may not read reads unknown');
 like($unreadable_detail, qr/Permission denied/, 'and the detail names the reason');
 is($standby->safe_psql('postgres', "SELECT status FROM receipt_status('$receipt{3}')"), 'durable', 'readable again, it reads durable');

@@ -25,15 +25,21 @@ $primary->backup('b');
 my $standby = PostgreSQL::Test::Cluster->new('mr_standby');
 $standby->init_from_backup($primary, 'b', has_streaming => 1);
 $standby->start;
+# A second standby, promoted too, takes the record with its entries gone.
+my $standby2 = PostgreSQL::Test::Cluster->new('mr_standby2');
+$standby2->init_from_backup($primary, 'b', has_streaming => 1);
+$standby2->start;
 # Flushed: the standby's catch-up is judged by the primary's write position.
 $primary->safe_psql('postgres', 'INSERT INTO t VALUES (1), (2); SELECT flush_log()');
-$primary->wait_for_catchup($standby);
-is($standby->safe_psql('postgres', 'SELECT count(*) FROM t'), '2', 'the standby has the first two rows');
-
-# The standby is cut off; six delayed commits reach only the primary.
-$standby->safe_psql('postgres', "ALTER SYSTEM SET primary_conninfo = ''; SELECT pg_reload_conf()");
-$standby->poll_query_until('postgres', "SELECT count(*) = 0 FROM pg_stat_activity WHERE backend_type = 'walreceiver'")
-  or die 'the WAL receiver did not stop';
+for my $s ($standby, $standby2)
+{
+	$primary->wait_for_catchup($s);
+	is($s->safe_psql('postgres', 'SELECT count(*) FROM t'), '2', 'the standby has the first two rows');
+	# Cut off: the six delayed commits below reach only the primary.
+	$s->safe_psql('postgres', "ALTER SYSTEM SET primary_conninfo = ''; SELECT pg_reload_conf()");
+	$s->poll_query_until('postgres', "SELECT count(*) = 0 FROM pg_stat_activity WHERE backend_type = 'walreceiver'")
+	  or die 'the WAL receiver did not stop';
+}
 my %receipt = map { /^(\d+) (\S+)$/ ? ($1 => $2) : () } split /\n/, $primary->safe_psql('postgres',
 	join('', map { "INSERT INTO t VALUES ($_);\nSELECT '$_ ' || last_commit_receipt();\n" } 101 .. 106));
 is(scalar(keys %receipt), 6, 'six delayed commits acknowledged with their receipts');
@@ -48,9 +54,12 @@ seek $fh, 32, 0;
 print $fh 'another-boot-' . ('0' x 27);
 close $fh or die $!;
 
-$standby->promote;
-$standby->poll_query_until('postgres', 'SELECT NOT pg_is_in_recovery()') or die 'not promoted';
-$standby->poll_query_until('postgres', 'SELECT count(*) = 1 FROM delayed_durability_failovers') or die 'no failover row';
+for my $s ($standby, $standby2)
+{
+	$s->promote;
+	$s->poll_query_until('postgres', 'SELECT NOT pg_is_in_recovery()') or die 'not promoted';
+	$s->poll_query_until('postgres', 'SELECT count(*) = 1 FROM delayed_durability_failovers') or die 'no failover row';
+}
 
 # The old primary's machine comes back; its start saves the record, marked.
 $primary->start;
@@ -75,5 +84,23 @@ is_deeply(\@listed, \@expected, 'the listed ones are absent from the new primary
 my ($lost, $exact, $detail) = split /\|/, $standby->safe_psql('postgres', 'SELECT lost_commits, exact, detail FROM delayed_durability_failovers');
 is("$lost $exact", '6 f', 'the failover row is not exact: the record may have lost its last entries with the machine');
 like($detail, qr/^6 listed; not exact: the old primary's record did not survive the restart of its machine/, 'and its detail says why');
+
+# The same record with every entry gone with the page cache (zeroed: never
+# written): no proof of a record older than the failover. Taken on the
+# second promoted standby: nothing listed, not exact, the reason said.
+open my $in, '<:raw', "$saved_dir/$saved[0]" or die $!;
+my $bytes = do { local $/; <$in> };
+close $in;
+my $capacity = unpack('V', substr($bytes, 12, 4));
+my $entries_at = length($bytes) - 64 * $capacity;
+my $emptied = File::Spec->rel2abs($standby2->basedir . '/emptied');
+open my $out, '>:raw', $emptied or die $!;
+print $out substr($bytes, 0, $entries_at) . ("\0" x (64 * $capacity));
+close $out or die $!;
+is($standby2->safe_psql('postgres', "SELECT delayed_durability_import_failover_record('$emptied')"), '0',
+	'a marked record whose entries are all gone is taken: nothing listed');
+like($standby2->safe_psql('postgres', 'SELECT lost_commits || \'|\' || exact || \'|\' || detail FROM delayed_durability_failovers'),
+	qr/^0\|false\|0 listed; not exact: the old primary's record did not survive the restart of its machine/,
+	'and the failover row stays not exact, saying why');
 
 done_testing();

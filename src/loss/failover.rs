@@ -532,6 +532,10 @@ fn attach(failovers: &mut Failovers, ring: &Ring, fp: &str, source: &str, old_ti
     let snapshot = ring.snapshot();
     let newest = snapshot.entries.iter().map(|a| a.commit_end).max();
     match newest {
+        // Its last entries may be gone with the machine's page cache: none
+        // left, or none past the switch point, is no proof of an older
+        // record. Taken, not exact.
+        _ if snapshot.lost_at_restart => {}
         None => {
             return Err(Refusal::new(
                 PgSqlErrorCode::ERRCODE_INVALID_PARAMETER_VALUE,
@@ -553,7 +557,8 @@ fn attach(failovers: &mut Failovers, ring: &Ring, fp: &str, source: &str, old_ti
         }
         _ => {}
     }
-    let (lapped, min_end, lost_at_restart) = (snapshot.lapped, snapshot.entries_min_end(), snapshot.lost_at_restart);
+    let (lapped, min_end) = (snapshot.lapped, snapshot.entries_min_end());
+    let (lost_at_restart, salvaged) = (snapshot.lost_at_restart, snapshot.salvaged);
     let mut lost: Vec<Acked> = snapshot.entries.into_iter().filter(|a| a.commit_end > event.switch).collect();
     lost.sort_by_key(|a| a.commit_end);
     let summarized = if snapshot.summary.count > 0 && snapshot.summary.max_end > event.switch { snapshot.summary.count } else { 0 };
@@ -568,12 +573,14 @@ fn attach(failovers: &mut Failovers, ring: &Ring, fp: &str, source: &str, old_ti
         format!(
             "{} listed; not exact: the old primary's record {} (imported from {source})",
             lost.len(),
-            if summarized > 0 {
-                format!("summarized up to {summarized} more")
-            } else if lost_at_restart {
+            if lost_at_restart {
                 "did not survive the restart of its machine (it is not on persistent memory): its last entries may be gone, \
 the ones listed are certainly lost"
                     .into()
+            } else if summarized > 0 {
+                format!("summarized up to {summarized} more")
+            } else if salvaged {
+                "was truncated: its whole entries were compared".into()
             } else if overwritten {
                 "went round: older acknowledgements past the switch point may be missing".into()
             } else {

@@ -327,8 +327,11 @@ fn open(current: Option<Ring>, crash_restart: bool) -> Result<Ring, String> {
                 let held = s.entries.len() as u64 + s.summary.count;
                 // Not after a base backup or pg_rewind (backup_label): the
                 // record is then the source server's.
-                if held > 0 && s.system_id == control.system_id && !Path::new("backup_label").exists() {
-                    super::saved_record::save(&shown, control.system_id, held, lost_at_restart(&s, &boot_id, crash_restart));
+                // An empty record after a machine restart may have lost
+                // every entry: saved, marked.
+                let lost = lost_at_restart(&s, &boot_id, crash_restart);
+                if (held > 0 || lost) && s.system_id == control.system_id && !Path::new("backup_label").exists() {
+                    super::saved_record::save(&shown, control.system_id, held, lost);
                 }
             }
             Some(prev)
@@ -353,7 +356,7 @@ fn open(current: Option<Ring>, crash_restart: bool) -> Result<Ring, String> {
             }
             pgrx::warning!("delayed_durability: {why}; a new record is started");
             // A torn record is still what a failover's import can salvage.
-            if crashed && salvaged_entries > 0 && !Path::new("backup_label").exists() {
+            if crashed && (salvaged_entries > 0 || salvaged_lost_at_restart) && !Path::new("backup_label").exists() {
                 super::saved_record::save(&shown, control.system_id, salvaged_entries, salvaged_lost_at_restart);
             }
             move_aside(&shown);
@@ -432,6 +435,7 @@ fn note_unknown_crash(why: String) {
                 summary: Summary::default(),
                 incomplete: false,
                 lost_at_restart: false,
+                salvaged: false,
                 boot_id: [0; ring::BOOT_ID_LEN],
                 persistent: false,
                 system_id: 0,

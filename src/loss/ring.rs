@@ -19,11 +19,19 @@ const VERSION: u32 = 1;
 #[allow(dead_code)] // the offset t/021_loss_report.pl writes at
 pub const BOOT_ID_OFFSET: usize = 32;
 pub const BOOT_ID_LEN: usize = 40;
-/// Where the header keeps its `incomplete` word, and the value a saved
-/// copy gets there when the record did not survive the restart of the
-/// machine that wrote it (saved_record.rs): its last entries may be gone.
+/// Where the header keeps its `incomplete` word, and its bits. The live
+/// record sets only ACKED_WITHOUT_ENTRY; a copy saved after a crash
+/// (saved_record.rs) may add the others.
 pub const INCOMPLETE_OFFSET: usize = 28;
+/// A delayed commit was acknowledged without an entry.
+const ACKED_WITHOUT_ENTRY: u32 = 1;
+/// The record did not survive the restart of the machine that wrote it
+/// (not on persistent memory): its last entries may be gone.
 pub const LOST_AT_RESTART: u32 = 2;
+/// The record was truncated: the copy holds its whole entries, padded with
+/// empty ones to its size.
+pub const SALVAGED: u32 = 4;
+const CAPACITY_OFFSET: usize = 12;
 const WRITING: u64 = u64::MAX;
 
 /// One acknowledged delayed commit.
@@ -91,9 +99,7 @@ struct Header {
     system_id: u64,
     /// 1 when the file is on persistent memory and entries are persisted.
     persistent: u32,
-    /// 1 when a delayed commit was acknowledged without an entry;
-    /// LOST_AT_RESTART in a saved copy of a record that did not survive
-    /// its machine's restart.
+    /// ACKED_WITHOUT_ENTRY, LOST_AT_RESTART, SALVAGED: 0 when none.
     incomplete: AtomicU32,
     boot_id: [u8; BOOT_ID_LEN],
     summary: SharedSummary,
@@ -109,6 +115,23 @@ pub fn file_len(capacity: u32) -> usize {
     ENTRIES_OFFSET + capacity as usize * std::mem::size_of::<Entry>()
 }
 
+/// For a copy of a record file of `len` bytes whose header is valid but
+/// which is shorter than its capacity says: the length up to its last whole
+/// entry, and the length it should have. None otherwise.
+pub fn truncated_lengths(header: &[u8], len: u64) -> Option<(u64, u64)> {
+    let word = |at: usize, n: usize| header.get(at..at + n);
+    let magic = u64::from_ne_bytes(word(0, 8)?.try_into().ok()?);
+    let version = u32::from_ne_bytes(word(8, 4)?.try_into().ok()?);
+    let capacity = u32::from_ne_bytes(word(CAPACITY_OFFSET, 4)?.try_into().ok()?);
+    let full = file_len(capacity) as u64;
+    if magic != MAGIC || version != VERSION || capacity == 0 || len < ENTRIES_OFFSET as u64 || len >= full {
+        return None;
+    }
+    let entry = std::mem::size_of::<Entry>() as u64;
+    let whole = ENTRIES_OFFSET as u64 + (len - ENTRIES_OFFSET as u64) / entry * entry;
+    Some((whole, full))
+}
+
 /// What a crashed run left in the ring.
 #[derive(Debug)]
 pub struct Snapshot {
@@ -121,6 +144,8 @@ pub struct Snapshot {
     /// A saved copy of a record that did not survive the restart of the
     /// machine that wrote it (also `incomplete`).
     pub lost_at_restart: bool,
+    /// A saved copy of a truncated record (also `incomplete`).
+    pub salvaged: bool,
     pub boot_id: [u8; BOOT_ID_LEN],
     pub persistent: bool,
     /// The cluster the record belongs to.
@@ -248,14 +273,22 @@ impl Ring {
                 datid: e.datid.load(Ordering::Relaxed),
             })
             .collect();
-        let lapped = h.next_claim.0.load(Ordering::Relaxed) > self.capacity;
+        // The claim counter is not flushed from the CPU caches on
+        // persistent memory: an entry's own claim number (persisted with
+        // it) past the capacity also says the ring went round.
+        let claimed_after_a_lap = |i: u64| {
+            let seq = self.entry(i).seq.load(Ordering::Relaxed);
+            seq != WRITING && seq > self.capacity
+        };
+        let lapped = h.next_claim.0.load(Ordering::Relaxed) > self.capacity || (0..self.capacity).any(claimed_after_a_lap);
         let torn = lapped && (0..self.capacity).any(|i| self.entry(i).seq.load(Ordering::Relaxed) == WRITING);
         Snapshot {
             entries,
             torn,
             summary: self.summary(),
             incomplete: h.incomplete.load(Ordering::Relaxed) != 0,
-            lost_at_restart: h.incomplete.load(Ordering::Relaxed) == LOST_AT_RESTART,
+            lost_at_restart: h.incomplete.load(Ordering::Relaxed) & LOST_AT_RESTART != 0,
+            salvaged: h.incomplete.load(Ordering::Relaxed) & SALVAGED != 0,
             boot_id: h.boot_id,
             persistent: h.persistent != 0,
             system_id: h.system_id,
@@ -354,7 +387,8 @@ impl Ring {
     pub fn mark_incomplete(&self) {
         let flag = &self.header().incomplete;
         if flag.load(Ordering::Relaxed) == 0 {
-            flag.store(1, Ordering::Relaxed);
+            // Only this bit in a live record (format() zeroes the word).
+            flag.store(ACKED_WITHOUT_ENTRY, Ordering::Relaxed);
             self.persist_header_field(flag);
         }
     }
@@ -624,6 +658,7 @@ mod tests {
     fn header_layout() {
         assert_eq!(std::mem::offset_of!(Header, boot_id), BOOT_ID_OFFSET);
         assert_eq!(std::mem::offset_of!(Header, incomplete), INCOMPLETE_OFFSET);
+        assert_eq!(std::mem::offset_of!(Header, capacity), CAPACITY_OFFSET);
         assert_eq!(ENTRIES_OFFSET % 64, 0);
         assert_eq!(std::mem::size_of::<Entry>(), 64);
     }
@@ -745,5 +780,51 @@ mod tests {
         assert!(!ring.snapshot().incomplete);
         ring.mark_incomplete();
         assert!(ring.snapshot().incomplete);
+        assert!(!ring.snapshot().lost_at_restart && !ring.snapshot().salvaged);
+    }
+
+    /// A claim counter that did not reach persistent memory before a power
+    /// cut still shows the ring went round, from the entries' own claims.
+    #[test]
+    fn lapped_from_the_entries_when_the_counter_is_stale() {
+        let (ring, _m) = anonymous(4);
+        for end in 1..=6 {
+            ring.record_at(end * 100, end as i64, 10_000);
+        }
+        assert!(ring.snapshot().lapped);
+        ring.header().next_claim.0.store(2, Ordering::Relaxed);
+        assert!(ring.snapshot().lapped);
+        let (fresh, _f) = anonymous(4);
+        fresh.record_at(100, 1, 0);
+        assert!(!fresh.snapshot().lapped);
+    }
+
+    /// A saved copy of a truncated record is cut to its whole entries and
+    /// padded to its size, marked, and read back whole by Ring::new.
+    #[test]
+    fn a_truncated_copy_is_padded_and_marked() {
+        let (ring, _m) = anonymous(8);
+        for end in [100, 200, 300] {
+            ring.record_at(end, end as i64, 0);
+        }
+        // SAFETY: the mapping is file_len(8) bytes of the test's memory.
+        let bytes = unsafe { std::slice::from_raw_parts(ring.map.addr, file_len(8)) }.to_vec();
+        let path = std::env::temp_dir().join(format!("dd_truncated_copy_{}", std::process::id()));
+        // Cut within the third entry.
+        std::fs::write(&path, &bytes[..ENTRIES_OFFSET + 2 * 64 + 20]).unwrap();
+        crate::loss::saved_record::mark_copy(&path, true).unwrap();
+        let copy = std::fs::read(&path).unwrap();
+        std::fs::remove_file(&path).unwrap();
+        assert_eq!(copy.len(), file_len(8));
+        let (back, memory) = anonymous(8);
+        // SAFETY: both are file_len(8) bytes; the ring does not outlive `memory`.
+        unsafe { std::ptr::copy_nonoverlapping(copy.as_ptr(), back.map.addr, copy.len()) };
+        let back = Ring::new(back.map).unwrap();
+        let s = back.snapshot();
+        assert_eq!(s.entries.iter().map(|a| a.commit_end).collect::<Vec<_>>(), vec![100, 200]);
+        assert!(s.incomplete && s.salvaged && s.lost_at_restart);
+        drop(memory);
+        // A whole record is neither cut nor marked salvaged.
+        assert_eq!(truncated_lengths(&bytes[..HEADER_LEN], bytes.len() as u64), None);
     }
 }

@@ -229,6 +229,30 @@ then is not delivered (\"{}\"; if a standby was promoted from that timeline mean
     }
 }
 
+/// Says in the copy's header what the import must know: the record did
+/// not survive the machine's restart; or it was truncated (then cut to its
+/// whole entries and padded with empty ones, so that the import reads
+/// them). Synced.
+pub(super) fn mark_copy(copy: &Path, lost_at_restart: bool) -> std::io::Result<()> {
+    use super::ring::{self, INCOMPLETE_OFFSET, LOST_AT_RESTART, SALVAGED};
+    use std::os::unix::fs::FileExt;
+    let file = std::fs::OpenOptions::new().read(true).write(true).open(copy)?;
+    let len = file.metadata()?.len();
+    let mut header = vec![0u8; ring::HEADER_LEN.min(len as usize)];
+    file.read_exact_at(&mut header, 0)?;
+    let mut bits = if lost_at_restart { LOST_AT_RESTART } else { 0 };
+    if let Some((whole, full)) = ring::truncated_lengths(&header, len) {
+        file.set_len(whole)?;
+        file.set_len(full)?;
+        bits |= SALVAGED;
+    }
+    if bits != 0 && header.len() >= INCOMPLETE_OFFSET + 4 {
+        let word = u32::from_ne_bytes(header[INCOMPLETE_OFFSET..INCOMPLETE_OFFSET + 4].try_into().expect("4 bytes"));
+        file.write_all_at(&(word | bits).to_ne_bytes(), INCOMPLETE_OFFSET as u64)?;
+    }
+    file.sync_all()
+}
+
 fn copy_into(dir: &Path, ring_file: &str, system_id: u64, lost_at_restart: bool) -> std::io::Result<PathBuf> {
     let prefix = node_prefix(system_id);
     let secs = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs());
@@ -238,14 +262,7 @@ fn copy_into(dir: &Path, ring_file: &str, system_id: u64, lost_at_restart: bool)
     let target = dir.join(format!("{prefix}{secs}-{}{timeline}.commits", std::process::id()));
     let partial = target.with_extension("partial");
     let copied = std::fs::copy(ring_file, &partial)
-        .and_then(|_| {
-            let copy = std::fs::OpenOptions::new().write(true).open(&partial)?;
-            if lost_at_restart {
-                use std::os::unix::fs::FileExt;
-                copy.write_all_at(&super::ring::LOST_AT_RESTART.to_ne_bytes(), super::ring::INCOMPLETE_OFFSET as u64)?;
-            }
-            copy.sync_all()
-        })
+        .and_then(|_| mark_copy(&partial, lost_at_restart))
         .and_then(|()| std::fs::rename(&partial, &target));
     if let Err(e) = copied {
         let _ = std::fs::remove_file(&partial);
