@@ -44,15 +44,28 @@ my %receipt = map { /^(\d+) (\S+)$/ ? ($1 => $2) : () } split /\n/, $primary->sa
 	join('', map { "INSERT INTO t VALUES ($_);\nSELECT '$_ ' || last_commit_receipt();\n" } 101 .. 106));
 is(scalar(keys %receipt), 6, 'six delayed commits acknowledged with their receipts');
 
-# The primary's machine loses power: every server process dies, and the
-# page cache the record lived in is gone. The record's header carries the
-# boot id of the machine that wrote it, which is what a restart changes.
-kill_everything($primary);
-my $record = $primary->data_dir . '/delayed_durability/commits';
-open my $fh, '+<:raw', $record or die "$record: $!";
-seek $fh, 32, 0;
-print $fh 'another-boot-' . ('0' x 27);
-close $fh or die $!;
+# A machine loses power: every server process dies, and the page cache
+# the record lived in is gone. The record's header carries the boot id of
+# the machine that wrote it, which is what a restart changes.
+sub power_cut_of
+{
+	my ($node) = @_;
+	kill_everything($node);
+	my $record = $node->data_dir . '/delayed_durability/commits';
+	open my $fh, '+<:raw', $record or die "$record: $!";
+	seek $fh, 32, 0;
+	print $fh 'another-boot-' . ('0' x 27);
+	close $fh or die $!;
+}
+
+# First the second standby's machine: a standby's record is always empty,
+# and stands for no failover: its next start saves nothing (saved, it would
+# take the place of the old primary's record at its own promotion).
+power_cut_of($standby2);
+$standby2->start;
+ok(!$standby2->log_contains(qr/the record of the crashed run .* is saved/), 'a standby\'s empty record is not saved after its machine restarted');
+
+power_cut_of($primary);
 
 for my $s ($standby, $standby2)
 {

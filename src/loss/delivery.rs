@@ -122,9 +122,14 @@ pub fn tick() {
     if !unsafe { dd_wal_receiver_streaming(&mut end, &mut tli) } {
         return;
     }
-    let bytes = match std::fs::read(&path) {
-        Ok(b) if b.len() <= MAX_RECORD => b,
-        Ok(_) => return give_up(&path, "the record is too large to send"),
+    // The size first: a file not read whole before it is known to fit.
+    let bytes = match std::fs::metadata(&path).map(|m| m.len()) {
+        Ok(len) if len > MAX_RECORD as u64 => return give_up(&path, "the record is too large to send"),
+        Ok(_) => match std::fs::read(&path) {
+            Ok(b) if b.len() <= MAX_RECORD => b,
+            Ok(_) => return give_up(&path, "the record is too large to send"),
+            Err(e) => return say_once(format!("could not read \"{}\": {e}", path.display())),
+        },
         Err(e) => return say_once(format!("could not read \"{}\": {e}", path.display())),
     };
     let conninfo = crate::guc::read(&DELIVERY_CONNINFO).filter(|c| !c.is_empty());

@@ -313,7 +313,7 @@ fn error(code: PgSqlErrorCode, message: String, hint: &str) -> ! {
 /// the fingerprint of its bytes.
 fn load_record(path: &str) -> (Vec<u8>, Ring, String) {
     // At most a record of the largest lost_commits_ring_size.
-    let largest = ring::file_len(1 << 24) as u64;
+    let largest = ring::file_len(ring::MAX_CAPACITY) as u64;
     match std::fs::metadata(path) {
         Ok(m) if !m.is_file() || m.len() > largest => error(
             PgSqlErrorCode::ERRCODE_INVALID_PARAMETER_VALUE,
@@ -345,7 +345,7 @@ fn ring_from_bytes(bytes: &[u8], source: &str) -> (Vec<u8>, Ring) {
 }
 
 fn ring_in_memory(bytes: &[u8], source: &str) -> Result<(Vec<u8>, Ring), Refusal> {
-    let largest = ring::file_len(1 << 24);
+    let largest = ring::file_len(ring::MAX_CAPACITY);
     if bytes.len() > largest {
         return Err(Refusal::new(
             PgSqlErrorCode::ERRCODE_INVALID_PARAMETER_VALUE,
@@ -532,10 +532,10 @@ fn attach(failovers: &mut Failovers, ring: &Ring, fp: &str, source: &str, old_ti
     let snapshot = ring.snapshot();
     let newest = snapshot.entries.iter().map(|a| a.commit_end).max();
     match newest {
-        // Its last entries may be gone with the machine's page cache: none
-        // left, or none past the switch point, is no proof of an older
-        // record. Taken, not exact.
-        _ if snapshot.lost_at_restart => {}
+        // Its last entries may be gone with the machine's page cache, or
+        // cut with the file's end: none left, or none past the switch
+        // point, is no proof of an older record. Taken, not exact.
+        _ if snapshot.lost_at_restart || snapshot.salvaged => {}
         None => {
             return Err(Refusal::new(
                 PgSqlErrorCode::ERRCODE_INVALID_PARAMETER_VALUE,
@@ -583,6 +583,8 @@ the ones listed are certainly lost"
                 "was truncated: its whole entries were compared".into()
             } else if overwritten {
                 "went round: older acknowledgements past the switch point may be missing".into()
+            } else if snapshot.torn {
+                "was torn: an entry being written when the old primary died may be missing".into()
             } else {
                 "was incomplete".into()
             }

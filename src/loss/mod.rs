@@ -89,7 +89,7 @@ up to its own commit record before it returns.",
 of a few wal_writer_delay periods at peak.",
         &LOST_COMMITS_RING_SIZE,
         64,
-        1 << 24,
+        ring::MAX_CAPACITY as i32,
         GucContext::Postmaster,
         GucFlags::default(),
     );

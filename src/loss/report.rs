@@ -116,6 +116,8 @@ pub fn register_worker() {
 struct Control {
     system_id: u64,
     clean_shutdown: bool,
+    /// The run that ended was a primary (a standby's record is empty).
+    in_production: bool,
 }
 
 fn read_control_file() -> Result<Control, String> {
@@ -129,6 +131,7 @@ fn read_control_file() -> Result<Control, String> {
     Ok(Control {
         system_id: u64::from_ne_bytes(bytes[0..8].try_into().unwrap()),
         clean_shutdown: state == pg_sys::DBState::DB_SHUTDOWNED || state == pg_sys::DBState::DB_SHUTDOWNED_IN_RECOVERY,
+        in_production: state == pg_sys::DBState::DB_IN_PRODUCTION,
     })
 }
 
@@ -327,10 +330,11 @@ fn open(current: Option<Ring>, crash_restart: bool) -> Result<Ring, String> {
                 let held = s.entries.len() as u64 + s.summary.count;
                 // Not after a base backup or pg_rewind (backup_label): the
                 // record is then the source server's.
-                // An empty record after a machine restart may have lost
-                // every entry: saved, marked.
+                // An empty record of a primary after a machine restart may
+                // have lost every entry: saved, marked. (A standby's is
+                // always empty: it would stand for no failover.)
                 let lost = lost_at_restart(&s, &boot_id, crash_restart);
-                if (held > 0 || lost) && s.system_id == control.system_id && !Path::new("backup_label").exists() {
+                if (held > 0 || (lost && control.in_production)) && s.system_id == control.system_id && !Path::new("backup_label").exists() {
                     super::saved_record::save(&shown, control.system_id, held, lost);
                 }
             }
@@ -356,7 +360,7 @@ fn open(current: Option<Ring>, crash_restart: bool) -> Result<Ring, String> {
             }
             pgrx::warning!("delayed_durability: {why}; a new record is started");
             // A torn record is still what a failover's import can salvage.
-            if crashed && (salvaged_entries > 0 || salvaged_lost_at_restart) && !Path::new("backup_label").exists() {
+            if crashed && (salvaged_entries > 0 || (salvaged_lost_at_restart && control.in_production)) && !Path::new("backup_label").exists() {
                 super::saved_record::save(&shown, control.system_id, salvaged_entries, salvaged_lost_at_restart);
             }
             move_aside(&shown);

@@ -32,6 +32,8 @@ pub const LOST_AT_RESTART: u32 = 2;
 /// empty ones to its size.
 pub const SALVAGED: u32 = 4;
 const CAPACITY_OFFSET: usize = 12;
+/// The most entries a record holds (lost_commits_ring_size's maximum).
+pub const MAX_CAPACITY: u32 = 1 << 24;
 const WRITING: u64 = u64::MAX;
 
 /// One acknowledged delayed commit.
@@ -124,7 +126,7 @@ pub fn truncated_lengths(header: &[u8], len: u64) -> Option<(u64, u64)> {
     let version = u32::from_ne_bytes(word(8, 4)?.try_into().ok()?);
     let capacity = u32::from_ne_bytes(word(CAPACITY_OFFSET, 4)?.try_into().ok()?);
     let full = file_len(capacity) as u64;
-    if magic != MAGIC || version != VERSION || capacity == 0 || len < ENTRIES_OFFSET as u64 || len >= full {
+    if magic != MAGIC || version != VERSION || capacity == 0 || capacity > MAX_CAPACITY || len < ENTRIES_OFFSET as u64 || len >= full {
         return None;
     }
     let entry = std::mem::size_of::<Entry>() as u64;

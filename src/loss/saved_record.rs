@@ -148,19 +148,34 @@ pub(super) fn timeline_of(path: &Path) -> Option<u32> {
 /// ended), if the directory is set and usable and it is a file no larger
 /// than a record can be.
 pub(super) fn own_record_of(system_id: u64, timeline: u32) -> Option<PathBuf> {
+    newest_of_node(system_id, |name, meta| {
+        let Some(stem) = [".commits", DELIVERED, REFUSED].iter().find_map(|end| name.strip_suffix(end)) else { return false };
+        // Never a FIFO or device the read would block on.
+        stem.rsplit_once("-tl").and_then(|(_, t)| t.parse::<u32>().ok()) == Some(timeline)
+            && meta.is_file()
+            && meta.len() <= super::ring::file_len(super::ring::MAX_CAPACITY) as u64
+    })
+}
+
+/// This node's newest saved record not yet delivered, if the directory is
+/// set and usable; older ones are never delivered (the newest is the
+/// record of the last crash, the one a failover can have followed).
+pub(super) fn newest_undelivered(system_id: u64) -> Option<PathBuf> {
+    newest_of_node(system_id, |name, _| ENDS.iter().any(|end| name.ends_with(end)))
+        .filter(|p| p.extension().is_some_and(|e| e == "commits"))
+}
+
+/// The newest file (by modification time) of this node in the directory
+/// that `wanted` keeps, given its name and metadata (links followed).
+fn newest_of_node(system_id: u64, wanted: impl Fn(&str, &std::fs::Metadata) -> bool) -> Option<PathBuf> {
     let dir = directory()?.ok()?;
     let prefix = node_prefix(system_id);
     let mut newest: Option<(std::time::SystemTime, PathBuf)> = None;
     for entry in std::fs::read_dir(&dir).ok()?.flatten() {
         let name = entry.file_name();
-        let Some(name) = name.to_str() else { continue };
-        let Some(stem) = [".commits", DELIVERED, REFUSED].iter().find_map(|end| name.strip_suffix(end)) else { continue };
-        if !name.starts_with(&prefix) || stem.rsplit_once("-tl").and_then(|(_, t)| t.parse::<u32>().ok()) != Some(timeline) {
-            continue;
-        }
-        // Followed if a link; never a FIFO or device the read would block on.
+        let Some(name) = name.to_str().filter(|n| n.starts_with(&prefix)) else { continue };
         let Ok(meta) = std::fs::metadata(entry.path()) else { continue };
-        if !meta.is_file() || meta.len() > super::ring::file_len(1 << 24) as u64 {
+        if !wanted(name, &meta) {
             continue;
         }
         let Ok(modified) = meta.modified() else { continue };
@@ -169,27 +184,6 @@ pub(super) fn own_record_of(system_id: u64, timeline: u32) -> Option<PathBuf> {
         }
     }
     newest.map(|(_, p)| p)
-}
-
-/// This node's newest saved record not yet delivered, if the directory is
-/// set and usable; older ones are never delivered (the newest is the
-/// record of the last crash, the one a failover can have followed).
-pub(super) fn newest_undelivered(system_id: u64) -> Option<PathBuf> {
-    let dir = directory()?.ok()?;
-    let prefix = node_prefix(system_id);
-    let mut newest: Option<(std::time::SystemTime, PathBuf)> = None;
-    for entry in std::fs::read_dir(&dir).ok()?.flatten() {
-        let name = entry.file_name();
-        let Some(name) = name.to_str() else { continue };
-        if !name.starts_with(&prefix) || !ENDS.iter().any(|end| name.ends_with(end)) {
-            continue;
-        }
-        let Ok(modified) = entry.metadata().and_then(|m| m.modified()) else { continue };
-        if newest.as_ref().is_none_or(|(t, _)| modified > *t) {
-            newest = Some((modified, entry.path()));
-        }
-    }
-    newest.map(|(_, p)| p).filter(|p| p.extension().is_some_and(|e| e == "commits"))
 }
 
 /// Renames a saved record to say it was delivered, refused or reported
