@@ -161,7 +161,8 @@ pub(super) fn own_record_of(system_id: u64, timeline: u32) -> Option<PathBuf> {
 /// set and usable; older ones are never delivered (the newest is the
 /// record of the last crash, the one a failover can have followed).
 pub(super) fn newest_undelivered(system_id: u64) -> Option<PathBuf> {
-    newest_of_node(system_id, |name, _| ENDS.iter().any(|end| name.ends_with(end)))
+    // Never a FIFO or device the delivery's read would block on.
+    newest_of_node(system_id, |name, meta| meta.is_file() && ENDS.iter().any(|end| name.ends_with(end)))
         .filter(|p| p.extension().is_some_and(|e| e == "commits"))
 }
 
