@@ -18,8 +18,15 @@ use PostgreSQL::Test::Utils;
 use Test::More;
 use DelayedDurabilityTest;
 use WalBufferFile;
+use File::Copy ();
 
 my @cleanup;
+
+sub copy_file
+{
+	my ($from, $to) = @_;
+	File::Copy::copy($from, $to) or die "copy $from $to: $!";
+}
 END { unlink @cleanup; }
 
 sub buffer_conf
@@ -134,7 +141,11 @@ $node->backup('for_standby');
 my $standby = PostgreSQL::Test::Cluster->new('new_primary');
 $standby->init_from_backup($node, 'for_standby', has_streaming => 1);
 $standby->append_conf('postgresql.conf', "delayed_durability.wal_buffer_path = ''\n");
+# The base backup carries the primary's marker (its buffer is in use); the
+# copy, started without a buffer, is not refused for it and removes it.
+ok(-e $node->backup_dir . '/for_standby/delayed_durability/wal_buffer_in_use', 'base backup: the primary\'s marker is in it');
 $standby->start;
+ok(!-e $standby->data_dir . '/delayed_durability/wal_buffer_in_use', 'base backup: its first start removed the copied marker');
 $node->wait_for_catchup($standby);
 commits_then_power_cut($node, 200001);
 $standby->promote;
@@ -153,6 +164,25 @@ open my $conf_fh, '>', $node->data_dir . '/postgresql.conf' or die $!;
 print $conf_fh $conf;
 close $conf_fh;
 $node->enable_streaming($standby);
+# A marker that names this data directory, come back with the files
+# pg_rewind copied (the source was cloned from this server while its buffer
+# was in use, and its marker kept): the buffer was drained by the
+# single-user recovery since. A rewound start (backup_label) ignores it:
+# started without the buffer, it is not refused.
+my $marker = $node->data_dir . '/delayed_durability/wal_buffer_in_use';
+my @dir_stat = stat($node->data_dir) or die $!;
+my $machine = -r '/etc/machine-id' ? slurp_file('/etc/machine-id') : '';
+chomp $machine;
+open(my $marker_fh, '>', $marker) or die $!;
+print $marker_fh "buffer\t$buffer\ndata_directory\t" . Cwd::abs_path($node->data_dir)
+  . "\ndevice\t$dir_stat[0]\ninode\t$dir_stat[1]\nmachine\t$machine\n";
+close $marker_fh;
+ok(-e $node->data_dir . '/backup_label', 'pg_rewind: the rewound data directory holds a backup_label');
+$node->append_conf('postgresql.conf', "delayed_durability.wal_buffer_path = ''\n");
+$node->start;
+ok(!-e $marker, 'pg_rewind: the rewound server started without the buffer, the copied marker removed');
+$node->stop;
+$node->append_conf('postgresql.conf', "delayed_durability.wal_buffer_path = '$buffer'\n");
 $node->start;
 $standby->wait_for_catchup($node);
 is($node->safe_psql('postgres', 'SELECT count(*) FROM t'), $standby->safe_psql('postgres', 'SELECT count(*) FROM t'),
@@ -281,6 +311,16 @@ for my $case ('kill -9', 'power cut')
 	}
 	cmp_ok(read_wal_buffer($stale_buffer)->{tail}, '>', 0, "$case: the buffer holds WAL");
 	$stale->append_conf('postgresql.conf', "delayed_durability.wal_buffer_path = ''\n");
+	# The path emptied after a crash: refused while the marker says the
+	# buffer was not drained; removing it, as the hint says, accepts the loss.
+	my $wal_at_crash = pg_wal_digest($stale);
+	my $log_at = -s $stale->logfile;
+	ok(!$stale->start(fail_ok => 1), "$case: a start with the path emptied after a crash is refused");
+	like(substr(slurp_file($stale->logfile), $log_at),
+		qr/FATAL:  the persistent WAL buffer "\Q$stale_buffer\E" may hold WAL this data directory lacks, and delayed_durability.wal_buffer_path is empty/,
+		"$case: with the reason");
+	is(pg_wal_digest($stale), $wal_at_crash, "$case: refused before recovery wrote anything");
+	unlink($stale->data_dir . '/delayed_durability/wal_buffer_in_use') or die $!;
 	$stale->start;
 	$stale->safe_psql('postgres', 'INSERT INTO run_without SELECT generate_series(1, 100)');
 	$stale->stop;
@@ -301,6 +341,70 @@ for my $case ('kill -9', 'power cut')
 	is(buffer_in_use($stale), 't', "$case: and a new buffer is in use");
 }
 $stale->stop;
+
+# ---- 9. The buffer file lost after a crash: a persistent-memory file
+# system not mounted again after a power cut (an empty directory in its
+# place), the file emptied, its header zeroed, or the path pointed
+# elsewhere. Each would be taken as a new buffer and recovery would end
+# without the WAL only the buffer held: refused, pg_wal untouched; the file
+# put back, the start restores it and every acknowledged row is there.
+my $lost_buffer = "/dev/shm/dd_life_lost_$$.buf";
+my $lost = new_primary('lost', $lost_buffer);
+my $lost_rows = commits_then_power_cut($lost, 100001);
+cmp_ok(read_wal_buffer($lost_buffer)->{tail}, '>', 0, 'lost buffer: it holds WAL after the power cut');
+my $kept = "$lost_buffer.kept";
+push @cleanup, $kept, "$lost_buffer.elsewhere";
+copy_file($lost_buffer, $kept);
+my %damage = (
+	'missing' => sub { unlink $lost_buffer or die $! },
+	'emptied' => sub { truncate($lost_buffer, 0) or die $! },
+	'header zeroed' => sub {
+		open(my $fh, '+<', $lost_buffer) or die $!;
+		binmode $fh;
+		print $fh "\0" x 64;
+		close $fh;
+	},
+	'path changed' => sub {
+		$lost->append_conf('postgresql.conf', "delayed_durability.wal_buffer_path = '$lost_buffer.elsewhere'\n");
+	},
+);
+my %reason = (
+	'missing' => qr/the persistent WAL buffer "\Q$lost_buffer\E" was lost: the file is missing/,
+	'emptied' => qr/the persistent WAL buffer "\Q$lost_buffer\E" was lost: the file is empty/,
+	'header zeroed' => qr/the persistent WAL buffer "\Q$lost_buffer\E" was lost: its header is zeroed/,
+	'path changed' => qr/the persistent WAL buffer "\Q$lost_buffer\E" may hold WAL this data directory lacks, and delayed_durability.wal_buffer_path is now "\Q$lost_buffer.elsewhere\E"/,
+);
+my $wal_after_cut = pg_wal_digest($lost);
+for my $case (sort keys %damage)
+{
+	$damage{$case}->();
+	my $log_at = -s $lost->logfile;
+	ok(!$lost->start(fail_ok => 1), "lost buffer, $case: refused");
+	like(substr(slurp_file($lost->logfile), $log_at), $reason{$case}, "lost buffer, $case: with the reason");
+	is(pg_wal_digest($lost), $wal_after_cut, "lost buffer, $case: pg_wal was not modified");
+	ok(!-e "$lost_buffer.elsewhere", "lost buffer, $case: no new buffer was made") if $case eq 'path changed';
+	# Put back.
+	copy_file($kept, $lost_buffer);
+	$lost->append_conf('postgresql.conf', "delayed_durability.wal_buffer_path = '$lost_buffer'\n");
+}
+# The file moved to another path (a file system mounted elsewhere) and the
+# path set to it: restored from there.
+my $moved = "$lost_buffer.moved";
+push @cleanup, $moved, "$moved.commits";
+rename $lost_buffer, $moved or die $!;
+$lost->append_conf('postgresql.conf', "delayed_durability.wal_buffer_path = '$moved'\n");
+$lost->start;
+is($lost->safe_psql('postgres', 'SELECT count(*) FROM t'), $lost_rows, 'lost buffer, moved and found at its new path: every acknowledged durable row');
+amcheck_clean($lost, 'lost buffer, moved');
+like(slurp_file($lost->data_dir . '/delayed_durability/wal_buffer_in_use'), qr/^buffer\t\Q$moved\E$/m,
+	'lost buffer, moved: the marker names the new path');
+# A clean stop drains the buffer: the path may then be emptied.
+$lost->stop;
+ok(!-e $lost->data_dir . '/delayed_durability/wal_buffer_in_use', 'a clean stop drains the buffer and removes the marker');
+$lost->append_conf('postgresql.conf', "delayed_durability.wal_buffer_path = ''\n");
+$lost->start;
+is($lost->safe_psql('postgres', 'SELECT count(*) FROM t'), $lost_rows, 'drained, then started without the buffer: every row');
+$lost->stop;
 
 # ---- 8. Point-in-time recovery ended by pg_promote(): only an
 # end-of-recovery record is written, the first checkpoint comes later, and

@@ -16,6 +16,7 @@
 mod file;
 mod format;
 mod interpose;
+mod marker;
 pub(crate) mod pmem;
 mod restore;
 mod ring;
@@ -147,9 +148,94 @@ pub fn attach_shared_memory() {
     // The postmaster (or a single-user backend), at first start and after
     // every crash: restore the buffer before the startup process runs.
     let Some(path) = WAL_BUFFER_PATH.get().filter(|p| !p.is_empty()) else {
+        refuse_if_buffer_needed();
         return;
     };
     start(Box::leak(path.into_boxed_c_str()), shared);
+}
+
+/// Without a buffer this run: the last one that wrote WAL through one must
+/// have drained it, or recovery would run without WAL of durable commits.
+fn refuse_if_buffer_needed() {
+    if !std::path::Path::new(marker::path()).exists() {
+        return;
+    }
+    let cluster = restore::read_control_file(segment_size())
+        .unwrap_or_else(|e| fatal(PgSqlErrorCode::ERRCODE_IO_ERROR, e, None, ""));
+    if let Some(buffer) = buffer_in_use(&cluster) {
+        fatal(
+            PgSqlErrorCode::ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
+            format!("the persistent WAL buffer \"{buffer}\" may hold WAL this data directory lacks, and delayed_durability.wal_buffer_path is empty"),
+            Some("The server stopped without draining the buffer (a crash): commits acknowledged as durable through it may be in the buffer only.".into()),
+            &format!(
+                "Set delayed_durability.wal_buffer_path = '{buffer}' again: the next start restores it, and a clean stop drains it. \
+To start without it and lose what only the buffer holds, remove \"{}\".",
+                marker::path()
+            ),
+        );
+    }
+}
+
+/// The buffer this data directory wrote WAL through and did not drain.
+fn buffer_in_use(cluster: &restore::Cluster) -> Option<String> {
+    if cluster.from_backup {
+        // A base backup or pg_rewind brought the marker with the rest of
+        // another server's files (or an older one of this server's): it
+        // says nothing of this data directory, whose buffer's WAL, if any,
+        // restore() refuses (ReplacedDataDirectory).
+        if let Err(e) = marker::remove() {
+            pgrx::warning!("delayed_durability: could not remove \"{}\": {e}", marker::path());
+        }
+        return None;
+    }
+    marker::buffer_in_use(&cluster.data_dir).unwrap_or_else(|e| {
+        fatal(
+            PgSqlErrorCode::ERRCODE_IO_ERROR,
+            e,
+            Some("It says whether a persistent WAL buffer holds WAL this data directory lacks.".into()),
+            "Fix its permissions. If no buffer holds WAL of this data directory (it was stopped cleanly since), remove it.",
+        )
+    })
+}
+
+/// The buffer this data directory wrote WAL through must still be there:
+/// a file missing, emptied or zeroed (a persistent-memory file system not
+/// mounted after a power cut, a file recreated), or the path emptied or
+/// pointed where there is no buffer, would otherwise be taken as a new
+/// buffer. A buffer found at another path (moved) is left to restore()'s
+/// checks of its system, owner and checkpoint.
+fn refuse_if_buffer_lost(expected: Option<&str>, shown: &str, map: Option<&pmem::Mapping>) {
+    let Some(expected) = expected else { return };
+    let lost = match map {
+        Some(map) if restore::is_blank(map) => Some("its header is zeroed"),
+        Some(_) => None,
+        None => match std::fs::metadata(shown) {
+            Err(_) => Some("the file is missing"),
+            Ok(m) if (m.len() as usize) < format::HEADER_SIZE => Some("the file is empty or shorter than its header"),
+            Ok(_) => None,
+        },
+    };
+    let Some(why) = lost else { return };
+    let hint = format!(
+        "Mount or restore the buffer file and start again: the start restores it. To start without it and lose what \
+only the buffer held, remove \"{}\". pg_wal was not modified.",
+        marker::path()
+    );
+    let detail = "The server stopped without draining the buffer (a crash): commits acknowledged as durable through it may be in the buffer only.";
+    if expected != shown {
+        fatal(
+            PgSqlErrorCode::ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
+            format!("the persistent WAL buffer \"{expected}\" may hold WAL this data directory lacks, and delayed_durability.wal_buffer_path is now \"{shown}\" ({why})"),
+            Some(detail.into()),
+            &format!("Set delayed_durability.wal_buffer_path = '{expected}' again, or move that file to the new path. {hint}"),
+        );
+    }
+    fatal(
+        PgSqlErrorCode::ERRCODE_UNDEFINED_FILE,
+        format!("the persistent WAL buffer \"{shown}\" was lost: {why}"),
+        Some(detail.into()),
+        &hint,
+    );
 }
 
 fn fatal(code: PgSqlErrorCode, message: String, detail: Option<String>, hint: &str) -> ! {
@@ -185,10 +271,15 @@ fn start(path: &'static CStr, shared: *mut ring::Shared) {
     // the mode: a standby holds it too, so that a copy of either server on
     // the same host is refused at start).
     let first_start = GLOBAL.map.get().is_none();
+    let expected = buffer_in_use(&cluster);
     let map = match GLOBAL.map.get() {
         Some(map) => map,
-        None => open(path, &shown),
+        None => {
+            refuse_if_buffer_lost(expected.as_deref(), &shown, None);
+            open(path, &shown)
+        }
     };
+    refuse_if_buffer_lost(expected.as_deref(), &shown, Some(&map));
     let restored = match restore::restore(&map, &cluster, true) {
         Ok(r) => r,
         Err(problem) => refuse(&shown, problem),
@@ -229,7 +320,13 @@ fn start(path: &'static CStr, shared: *mut ring::Shared) {
         // persist; after a promotion the buffer is used from the next start.
         Some("standby mode: WAL received from the primary is fsynced as usual; the buffer is used from the first start after a promotion".to_string())
     } else {
-        unusable_settings()
+        // Before the first WAL write through the buffer: without the marker
+        // a later start could not tell the buffer is needed.
+        unusable_settings().or_else(|| {
+            marker::write(&shown, &cluster.data_dir)
+                .err()
+                .map(|e| format!("could not write \"{}\" ({e}), which says that WAL of this data directory goes through the buffer", marker::path()))
+        })
     };
     // The interposition is installed at the first start whatever this run
     // does with the buffer (it passes every call through while the buffer
@@ -254,6 +351,10 @@ fn start(path: &'static CStr, shared: *mut ring::Shared) {
     if let Some(why) = unused_because {
         shared.enabled = false;
         ACTIVE.store(false, Ordering::Relaxed);
+        // Restored and formatted: the buffer holds nothing pg_wal lacks.
+        if let Err(e) = marker::remove() {
+            pgrx::warning!("delayed_durability: could not remove \"{}\": {e}", marker::path());
+        }
         if standby {
             pgrx::log!("delayed_durability: the persistent WAL buffer \"{shown}\" is not used in this run ({why})");
         } else {
@@ -403,8 +504,9 @@ fn map_failed(shown: &str, e: String) -> ! {
 
 /// Refuses to start on a buffer that cannot be trusted; nothing in pg_wal was written.
 fn refuse(shown: &str, problem: Problem) -> ! {
-    let keep = "pg_wal was not modified. Move the file away to start without it: commits \
-acknowledged since the last WAL fsync that are not in pg_wal would then be lost.";
+    let keep = "pg_wal was not modified. Move the file away (and remove \"delayed_durability/wal_buffer_in_use\" \
+from the data directory) to start without it: commits acknowledged since the last WAL fsync that are not in \
+pg_wal would then be lost.";
     let (code, message, detail) = match problem {
         Problem::NotABuffer => (
             PgSqlErrorCode::ERRCODE_DATA_CORRUPTED,
@@ -466,7 +568,8 @@ and wrote WAL over what only the buffer held. Restoring it now would corrupt tha
                 checkpoint & 0xffff_ffff
             )),
             "Commits acknowledged through this buffer before that run were lost when it started without the buffer. \
-Move the buffer file away to start. pg_wal was not modified.",
+Move the buffer file away (and remove \"delayed_durability/wal_buffer_in_use\" from the data directory) to start. \
+pg_wal was not modified.",
         ),
         Problem::SegmentSize { buffer, cluster } => (
             PgSqlErrorCode::ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
@@ -516,7 +619,9 @@ unsafe extern "C-unwind" fn drain_at_exit(code: i32, _arg: pg_sys::Datum) {
     };
     match restore::restore(&map, &cluster, true) {
         Ok(_) => {
-            let _ = restore::format(&map, &cluster);
+            if restore::format(&map, &cluster).is_ok() {
+                let _ = marker::remove();
+            }
         }
         Err(_) => pgrx::log!(
             "delayed_durability: the persistent WAL buffer \"{}\" was left for the next start",

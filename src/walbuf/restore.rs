@@ -108,6 +108,10 @@ pub fn restore(map: &Mapping, cluster: &Cluster, write_back: bool) -> Result<Res
     // An owner field torn by a crash during formatting is not needed to
     // restore: unknown, and said so.
     let (owner, owner_unreadable) = match format::owner(bytes) {
+        // Every format since the field exists records one (but for a data
+        // directory path too long for the header): none in a buffer that
+        // holds WAL is said, not passed over.
+        Ok(None) if format::get_u64(bytes, format::OFF_TAIL) > 0 => (None, Some("no owner recorded")),
         Ok(owner) => (owner, None),
         Err(why) => (None, Some(why)),
     };
