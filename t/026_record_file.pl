@@ -179,9 +179,15 @@ $since = now();
 kill_everything($node);
 $node->append_conf('postgresql.conf', "primary_conninfo = 'host=/nonexistent port=1'\n");
 $node->set_standby_mode;
+my $log_at = -s $node->logfile;
 $node->start;
 like(crash_row($since), qr/^NULL\|f\|unknown: the server restarted as a standby or was rewound by pg_rewind .*its record held \d+ acknowledged delayed commits/,
 	'a crashed primary restarted as a standby: unknown, with what its record held');
+# Without crash_record_directory nothing keeps the record for a failover's
+# list: said at the start, not left to be found out.
+like(substr(slurp_file($node->logfile), $log_at),
+	qr/WARNING:  delayed_durability: the record of the crashed run \([1-9]\d* acknowledged delayed commits\) is not kept: delayed_durability.crash_record_directory is not set/,
+	'a crashed primary restarted as a standby without crash_record_directory: a WARNING says its record is not kept');
 $node->promote;
 $node->poll_query_until('postgres', 'SELECT NOT pg_is_in_recovery()') or die;
 

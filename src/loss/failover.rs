@@ -565,7 +565,12 @@ fn attach(failovers: &mut Failovers, ring: &Ring, fp: &str, source: &str, old_ti
     // A ring that went round may have dropped flushed acknowledgements that
     // ended past the switch point: unless its oldest entry is before it.
     let overwritten = lapped && min_end > event.switch;
-    let exact = !snapshot.incomplete && !snapshot.torn && summarized == 0 && !overwritten;
+    // The record holds one run of the old primary: one that began past the
+    // switch point (a restart of the old primary after the standby stopped
+    // receiving) may not list what its earlier runs acknowledged past it.
+    let covers_from = snapshot.covers_from;
+    let earlier_runs_uncovered = covers_from == 0 || covers_from > event.switch;
+    let exact = !snapshot.incomplete && !snapshot.torn && summarized == 0 && !overwritten && !earlier_runs_uncovered;
     event.lost = Some(lost.len() as i64);
     event.detail = if exact {
         format!("exact: {} acknowledged delayed commits of the old primary were past the switch point (imported from {source})", lost.len())
@@ -585,6 +590,16 @@ the ones listed are certainly lost"
                 "went round: older acknowledgements past the switch point may be missing".into()
             } else if snapshot.torn {
                 "was torn: an entry being written when the old primary died may be missing".into()
+            } else if covers_from == 0 {
+                "does not say where the run it covers began (the old primary failed before its first entry set it, or an \
+earlier version wrote it): acknowledgements of its earlier runs past the switch point may be missing"
+                    .into()
+            } else if earlier_runs_uncovered {
+                format!(
+                    "covers its last run only, which began at {}, past the switch point (it restarted after this server \
+stopped receiving): acknowledgements of its earlier runs past the switch point are not in it",
+                    lsn_text(covers_from)
+                )
             } else {
                 "was incomplete".into()
             }

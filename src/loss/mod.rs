@@ -233,6 +233,10 @@ fn record_in(r: Ring, commit_end: u64, time_budget: bool) -> i64 {
     // SAFETY: backend-local transaction state, valid until the end of the
     // commit callbacks; MyDatabaseId is set once connected.
     let (fxid, datid) = unsafe { (crate::nothrow::GetTopFullTransactionIdIfAny().value, pg_sys::MyDatabaseId.to_u32()) };
+    // Where the WAL recovered from earlier runs ended (0 after a start
+    // without recovery, whose position the format took from pg_control).
+    // SAFETY: reads shared recovery state under its spinlock; raises nothing.
+    r.note_covers_from(|| unsafe { pg_sys::GetXLogReplayRecPtr(std::ptr::null_mut()) });
     if time_budget {
         return r.record(commit_end, fxid, datid, now, flush_end);
     }

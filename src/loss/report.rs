@@ -118,6 +118,9 @@ struct Control {
     clean_shutdown: bool,
     /// The run that ended was a primary (a standby's record is empty).
     in_production: bool,
+    /// After a primary's clean shutdown: where its checkpoint record starts,
+    /// the end of every commit of the runs before this one.
+    shutdown_checkpoint: Option<u64>,
 }
 
 fn read_control_file() -> Result<Control, String> {
@@ -128,9 +131,15 @@ fn read_control_file() -> Result<Control, String> {
         return Err("\"global/pg_control\" is too short".into());
     }
     let state = u32::from_ne_bytes(bytes[state_at..state_at + 4].try_into().unwrap());
+    let checkpoint_at = std::mem::offset_of!(ControlFileData, checkPoint);
+    let checkpoint = bytes.get(checkpoint_at..checkpoint_at + 8).map(|b| u64::from_ne_bytes(b.try_into().unwrap()));
+    let clean_shutdown = state == pg_sys::DBState::DB_SHUTDOWNED || state == pg_sys::DBState::DB_SHUTDOWNED_IN_RECOVERY;
     Ok(Control {
+        // Not after a standby's shutdown: WAL past its last restartpoint was
+        // replayed, maybe with commits of this server's own earlier run.
+        shutdown_checkpoint: checkpoint.filter(|_| state == pg_sys::DBState::DB_SHUTDOWNED),
         system_id: u64::from_ne_bytes(bytes[0..8].try_into().unwrap()),
-        clean_shutdown: state == pg_sys::DBState::DB_SHUTDOWNED || state == pg_sys::DBState::DB_SHUTDOWNED_IN_RECOVERY,
+        clean_shutdown,
         in_production: state == pg_sys::DBState::DB_IN_PRODUCTION,
     })
 }
@@ -335,7 +344,7 @@ fn open(current: Option<Ring>, crash_restart: bool) -> Result<Ring, String> {
                 // always empty: it would stand for no failover.)
                 let lost = lost_at_restart(&s, &boot_id, crash_restart);
                 if (held > 0 || (lost && control.in_production)) && s.system_id == control.system_id && !Path::new("backup_label").exists() {
-                    super::saved_record::save(&shown, control.system_id, held, lost);
+                    super::saved_record::save(&shown, control.system_id, held, lost, own_report_cannot_list());
                 }
             }
             Some(prev)
@@ -361,7 +370,7 @@ fn open(current: Option<Ring>, crash_restart: bool) -> Result<Ring, String> {
             pgrx::warning!("delayed_durability: {why}; a new record is started");
             // A torn record is still what a failover's import can salvage.
             if crashed && (salvaged_entries > 0 || (salvaged_lost_at_restart && control.in_production)) && !Path::new("backup_label").exists() {
-                super::saved_record::save(&shown, control.system_id, salvaged_entries, salvaged_lost_at_restart);
+                super::saved_record::save(&shown, control.system_id, salvaged_entries, salvaged_lost_at_restart, own_report_cannot_list());
             }
             move_aside(&shown);
             None
@@ -395,7 +404,9 @@ fn open(current: Option<Ring>, crash_restart: bool) -> Result<Ring, String> {
             pmem::map(&path, Some(ring::file_len(capacity))).map_err(|e| format!("could not map \"{shown}\": {e}"))?
         }
     };
-    let ring = match Ring::format(map, capacity, control.system_id, boot_id, on_persistent_memory) {
+    // Where earlier runs' commits end, when known now (else at the first entry).
+    let run_start = control.shutdown_checkpoint.filter(|_| !crash_restart).unwrap_or(0);
+    let ring = match Ring::format(map, capacity, control.system_id, boot_id, on_persistent_memory, run_start) {
         Ok(ring) => ring,
         Err(e) => {
             // A file that is not known to be durable as an empty record must
@@ -422,6 +433,14 @@ fn record_in_other_place(other_place: &Option<CString>) -> bool {
     other_place.as_ref().is_some_and(|other| Path::new(other.to_string_lossy().as_ref()).exists())
 }
 
+/// This start cannot list what the crashed run lost by itself: it rejoins
+/// as a standby, or is a single-user crash recovery (pg_rewind's, before
+/// it rewinds the data directory and drops the record).
+fn own_report_cannot_list() -> bool {
+    // SAFETY: a plain read of a flag set at process start.
+    start_kind() == StartKind::Rejoining || !unsafe { pg_sys::IsPostmasterEnvironment }
+}
+
 /// A crash whose record is compared once recovery finished.
 fn keep(ring: &Ring, control: &Control, boot_id: &[u8; ring::BOOT_ID_LEN], crash_restart: bool) {
     note_crash(ring, control, boot_id, crash_restart);
@@ -441,6 +460,7 @@ fn note_unknown_crash(why: String) {
                 lost_at_restart: false,
                 salvaged: false,
                 boot_id: [0; ring::BOOT_ID_LEN],
+                covers_from: 0,
                 persistent: false,
                 system_id: 0,
                 lapped: false,

@@ -104,6 +104,12 @@ struct Header {
     /// ACKED_WITHOUT_ENTRY, LOST_AT_RESTART, SALVAGED: 0 when none.
     incomplete: AtomicU32,
     boot_id: [u8; BOOT_ID_LEN],
+    /// A WAL position every commit of the server's earlier runs ends at or
+    /// before: the record holds the acknowledgements of this run only, so
+    /// a failover whose switch point lies before it may have lost commits
+    /// this record does not list. 0: not known yet (set at the format after
+    /// a clean shutdown, else at the run's first entry).
+    covers_from: AtomicU64,
     summary: SharedSummary,
     next_claim: Counter,
     scan_from: Counter,
@@ -149,6 +155,8 @@ pub struct Snapshot {
     /// A saved copy of a truncated record (also `incomplete`).
     pub salvaged: bool,
     pub boot_id: [u8; BOOT_ID_LEN],
+    /// See Header::covers_from.
+    pub covers_from: u64,
     pub persistent: bool,
     /// The cluster the record belongs to.
     pub system_id: u64,
@@ -224,8 +232,10 @@ impl Ring {
         system_id: u64,
         boot_id: [u8; BOOT_ID_LEN],
         persistent: bool,
+        covers_from: u64,
     ) -> Result<Ring, String> {
         let ring = Ring::write_empty(map, capacity, system_id, boot_id, persistent);
+        ring.header().covers_from.store(covers_from, Ordering::Relaxed);
         map.persist(0, file_len(capacity))?;
         // The magic last, once the rest is durable: a file whose formatting
         // did not reach the disk is no ring, never an empty one.
@@ -292,6 +302,7 @@ impl Ring {
             lost_at_restart: h.incomplete.load(Ordering::Relaxed) & LOST_AT_RESTART != 0,
             salvaged: h.incomplete.load(Ordering::Relaxed) & SALVAGED != 0,
             boot_id: h.boot_id,
+            covers_from: h.covers_from.load(Ordering::Relaxed),
             persistent: h.persistent != 0,
             system_id: h.system_id,
             lapped,
@@ -375,6 +386,18 @@ impl Ring {
         if self.header().persistent != 0 {
             let offset = field as *const T as usize - self.map.addr as usize;
             let _ = self.map.persist(offset, std::mem::size_of::<T>());
+        }
+    }
+
+    /// Sets covers_from once, before this run's first entry: `run_start`
+    /// (called only while it is unset) gives where this run's WAL began.
+    pub fn note_covers_from(&self, run_start: impl FnOnce() -> u64) {
+        let field = &self.header().covers_from;
+        if field.load(Ordering::Relaxed) == 0 {
+            let start = run_start();
+            if start != 0 && field.compare_exchange(0, start, Ordering::Relaxed, Ordering::Relaxed).is_ok() {
+                self.persist_header_field(field);
+            }
         }
     }
 
@@ -657,10 +680,25 @@ mod tests {
     }
 
     #[test]
+    fn covers_from_is_set_once_and_never_to_zero() {
+        let (ring, _memory) = anonymous(4);
+        assert_eq!(ring.snapshot().covers_from, 0);
+        ring.note_covers_from(|| 0);
+        assert_eq!(ring.snapshot().covers_from, 0, "no recovery ran: left for the format's value");
+        ring.note_covers_from(|| 0x5000);
+        ring.note_covers_from(|| panic!("not read again once set"));
+        assert_eq!(ring.snapshot().covers_from, 0x5000);
+    }
+
+    #[test]
     fn header_layout() {
         assert_eq!(std::mem::offset_of!(Header, boot_id), BOOT_ID_OFFSET);
         assert_eq!(std::mem::offset_of!(Header, incomplete), INCOMPLETE_OFFSET);
         assert_eq!(std::mem::offset_of!(Header, capacity), CAPACITY_OFFSET);
+        // covers_from took padding before the summary: records written
+        // before it existed read 0 there (not known), and entries did not move.
+        assert_eq!(std::mem::offset_of!(Header, covers_from), BOOT_ID_OFFSET + BOOT_ID_LEN);
+        assert_eq!(std::mem::offset_of!(Header, summary), 128);
         assert_eq!(ENTRIES_OFFSET % 64, 0);
         assert_eq!(std::mem::size_of::<Entry>(), 64);
     }

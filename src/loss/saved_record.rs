@@ -14,6 +14,7 @@
 
 use pgrx::guc::{GucContext, GucFlags, GucRegistry, GucSetting};
 use pgrx::pg_sys;
+use pgrx::prelude::*;
 use std::ffi::CString;
 use std::path::{Path, PathBuf};
 
@@ -74,9 +75,30 @@ pub(super) fn check_at_start() {
 /// `lost_at_restart`: the record did not survive the machine's restart
 /// (not on persistent memory): the copy says so in its header, and a
 /// failover's list from it is not exact.
-pub(super) fn save(ring_file: &str, system_id: u64, entries: u64, lost_at_restart: bool) {
+/// `rejoining`: the server starts as a standby, or in single-user mode
+/// (pg_rewind's crash recovery), so its own report cannot list what the
+/// crashed run lost.
+pub(super) fn save(ring_file: &str, system_id: u64, entries: u64, lost_at_restart: bool, rejoining: bool) {
     let dir = match directory() {
-        None => return,
+        None => {
+            if rejoining && entries > 0 {
+                pg_sys::panic::ErrorReport::new(
+                    PgSqlErrorCode::ERRCODE_WARNING,
+                    format!(
+                        "delayed_durability: the record of the crashed run ({entries} acknowledged delayed commits) is not \
+kept: delayed_durability.crash_record_directory is not set"
+                    ),
+                    "",
+                )
+                .set_hint(
+                    "If a standby was promoted, nothing can list which of them the failover lost. Set \
+delayed_durability.crash_record_directory on every node (outside the data directory) so that a crashed run's record \
+is saved and delivered.",
+                )
+                .report(PgLogLevel::WARNING);
+            }
+            return;
+        }
         Some(Err(why)) => {
             pgrx::warning!(
                 "delayed_durability: the record of the crashed run is not saved: delayed_durability.crash_record_directory {why}"
@@ -254,7 +276,13 @@ fn copy_into(dir: &Path, ring_file: &str, system_id: u64, lost_at_restart: bool)
     // The timeline the crashed run wrote on: the delivery names it, so
     // that the new primary attaches the record to the failover from it.
     let timeline = crashed_timeline().map_or(String::new(), |t| format!("-tl{t}"));
-    let target = dir.join(format!("{prefix}{secs}-{}{timeline}.commits", std::process::id()));
+    // Two crash restarts of one postmaster within a second would give the
+    // same name: the later record takes the next free second, never the
+    // earlier one's place.
+    let name = |secs: u64| format!("{prefix}{secs}-{}{timeline}", std::process::id());
+    let taken = |secs: u64| ENDS.iter().any(|end| dir.join(format!("{}{end}", name(secs))).exists());
+    let secs = (secs..).find(|&s| !taken(s)).expect("a free name");
+    let target = dir.join(format!("{}.commits", name(secs)));
     let partial = target.with_extension("partial");
     let copied = std::fs::copy(ring_file, &partial)
         .and_then(|_| mark_copy(&partial, lost_at_restart))
