@@ -404,6 +404,11 @@ fn delayed_durability_set_table_class(tbl: Option<pg_sys::Oid>, class: Option<&s
         ereport!(PgLogLevel::ERROR, PgSqlErrorCode::ERRCODE_NULL_VALUE_NOT_ALLOWED, "the table must not be NULL");
         unreachable!()
     };
+    // Without the preload no class is enforced: setting one would be a
+    // promise nothing keeps. Clearing one stays possible.
+    if class.is_some() {
+        crate::preload::require_preloaded();
+    }
     let class: Option<&std::ffi::CStr> = match class {
         None => None,
         Some(name) if name.eq_ignore_ascii_case("durable") => Some(c"durable"),

@@ -19,8 +19,10 @@ like($create_err, qr/HINT:  .*SELECT \* FROM delayed_durability_settings/, 'and 
 is($node->safe_psql('postgres', 'SELECT library_preloaded, mode IS NULL, mode_source IS NULL FROM delayed_durability_settings WHERE datname = current_database()'),
 	'f|t|t', 'the settings view says the library is not preloaded, and shows no mode');
 
+$node->safe_psql('postgres', 'CREATE TABLE payments (i int)');
 for my $call ('SELECT commit_delayed()', 'SELECT flush_log()',
-	'SELECT * FROM delayed_durability_status()', 'SELECT * FROM delayed_durability_stats')
+	'SELECT * FROM delayed_durability_status()', 'SELECT * FROM delayed_durability_stats',
+	q{SELECT delayed_durability_set_table_class('payments', 'durable')})
 {
 	my ($ret, $stdout, $stderr) = $node->psql('postgres', $call, extended_stderr => 1);
 	isnt($ret, 0, "$call fails");
@@ -29,6 +31,10 @@ for my $call ('SELECT commit_delayed()', 'SELECT flush_log()',
 	like($stderr, qr/HINT:  Add delayed_durability to the "shared_preload_libraries" setting/,
 		"$call: hint");
 }
+
+# A durable class would not be enforced: none was set.
+is($node->safe_psql('postgres', 'SELECT count(*) FROM delayed_durability_table_class_config'), '0',
+	'no table class was set without the preload');
 
 # The policy GUC does not exist without the library: a postgresql.conf
 # setting of it is reported, and commits stay PostgreSQL's default (durable).
