@@ -93,6 +93,15 @@ pub fn install_hooks() {
 unsafe extern "C-unwind" fn xact_callback(event: pg_sys::XactEvent::Type, _arg: *mut std::ffi::c_void) {
     match event {
         pg_sys::XactEvent::XACT_EVENT_PRE_COMMIT => before_commit(),
+        // PREPARE waits for a synchronous standby at the session's level
+        // (EndPrepare); values a sequence made in this transaction handed
+        // out need that wait at remote_flush at least, as its commit would.
+        // Restored at XACT_EVENT_PREPARE.
+        pg_sys::XactEvent::XACT_EVENT_PRE_PREPARE => {
+            if requests::commit_on_standby_required() && commit_level() < ON {
+                change_commit_level(ON);
+            }
+        }
         pg_sys::XactEvent::XACT_EVENT_COMMIT => {
             after_commit();
             crate::stats::flush_pending();
@@ -187,7 +196,7 @@ fn before_commit() {
     let delayed = wanted_delayed && !requests::durable_required();
     if delayed && !sync_off {
         change_commit_level(OFF);
-    } else if !delayed && sync_off {
+    } else if !delayed && (sync_off || (requests::commit_on_standby_required() && commit_level() < ON)) {
         change_commit_level(ON);
     }
     STATE.decision.set(Some(Decision {
@@ -271,10 +280,19 @@ fn after_commit() {
             let outcome = outcome(&decision, commit_end, commit_prepared_end.is_some());
             // The loss budget and the record of acknowledgements apply to
             // every commit the policy delayed; the budget against a standby
-            // also to one another process flushed here meanwhile.
+            // also to one flushed here meanwhile, by another process or by
+            // PostgreSQL itself.
             let budget_flushed = match outcome {
                 Outcome::Delayed => crate::loss::acknowledge(commit_end),
+                // PostgreSQL flushed it (files dropped, 2PC) but, delayed by
+                // the policy, did not wait for a synchronous standby: a
+                // failover can lose it as any delayed commit.
+                // (Not COMMIT PREPARED: it waited at the session's own level,
+                // inside the statement.)
                 Outcome::DelayedFlushedMeanwhile => crate::loss::record_flushed_acknowledgement(commit_end),
+                Outcome::DurableByCore if commit_prepared_end.is_none() => {
+                    crate::loss::record_flushed_acknowledgement(commit_end)
+                }
                 _ => false,
             };
             let durable = matches!(outcome, Outcome::Durable | Outcome::DurableByCore) || budget_flushed;

@@ -21,6 +21,10 @@ struct Requests {
     /// subtransaction that asked aborts: values may have been handed out,
     /// and a durable commit is the safe side.
     durable: Cell<bool>,
+    /// Durable, and confirmed by a synchronous standby as a commit at
+    /// synchronous_commit = on at least is (cached_nextval() handed out
+    /// values of a block whose only standby confirmation is this commit).
+    on_standby: Cell<bool>,
     /// A COMMIT PREPARED statement completed in this transaction: the end
     /// of its commit record, read right after the statement.
     commit_prepared_end: Cell<u64>,
@@ -34,6 +38,7 @@ unsafe impl Sync for Requests {}
 static REQUESTS: Requests = Requests {
     delayed: Cell::new(false),
     durable: Cell::new(false),
+    on_standby: Cell::new(false),
     commit_prepared_end: Cell::new(0),
     core_flushes: Cell::new(false),
 };
@@ -42,6 +47,7 @@ static REQUESTS: Requests = Requests {
 pub fn reset() {
     REQUESTS.delayed.set(false);
     REQUESTS.durable.set(false);
+    REQUESTS.on_standby.set(false);
     REQUESTS.commit_prepared_end.set(0);
     REQUESTS.core_flushes.set(false);
 }
@@ -58,6 +64,17 @@ pub fn delayed_requested() -> bool {
 /// says (counted as forced durable when the policy wanted it delayed).
 pub fn require_durable_commit() {
     REQUESTS.durable.set(true);
+}
+
+/// Durable, and waiting for a synchronous standby's flush whatever the
+/// session's synchronous_commit below `on` (local, remote_write).
+pub fn require_commit_on_standby() {
+    REQUESTS.durable.set(true);
+    REQUESTS.on_standby.set(true);
+}
+
+pub fn commit_on_standby_required() -> bool {
+    REQUESTS.on_standby.get()
 }
 
 pub fn durable_required() -> bool {

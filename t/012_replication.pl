@@ -3,6 +3,7 @@
 # policy follows the primary role after promotion.
 use strict;
 use warnings;
+use IPC::Run;
 use PostgreSQL::Test::Cluster;
 use PostgreSQL::Test::Utils;
 use Test::More;
@@ -110,12 +111,44 @@ unlike(slurp_file($standby->logfile), qr/PANIC|terminated by signal/, 'no crash 
 $primary->safe_psql('shop', 'CREATE SEQUENCE fo CACHE 1');
 my @handed = split /\n/, $primary->safe_psql('shop', "SELECT cached_nextval('fo') FROM generate_series(1, 20)");
 is(scalar @handed, 20, 'cached_nextval() with the synchronous standby connected');
+$primary->safe_psql('shop', "CREATE SEQUENCE fo2 CACHE 10; SELECT cached_nextval('fo2');");
+$primary->safe_psql('shop', "CREATE SEQUENCE fo3 CACHE 10; SELECT cached_nextval('fo3');");
 $walreceiver = $standby->safe_psql('postgres', 'SELECT pid FROM pg_stat_wal_receiver');
 ok(kill('STOP', $walreceiver), "standby's WAL receiver stopped again");
 ($ret, $out, $err) = $primary->psql('shop', "SET statement_timeout = '2s';\nSELECT cached_nextval('fo');");
 isnt($ret, 0, 'without confirmation from the standby, cached_nextval() returns no value');
 like($err, qr/ERROR:  canceling cached_nextval\(\): the synchronous standby has not confirmed/, '... and says why');
 push @handed, $out if $out =~ /^\d+$/;
+# A sequence whose file is made anew in a transaction (ALTER SEQUENCE ...
+# CACHE rewrites it): the values that transaction hands out are confirmed by
+# its commit, which waits for the standby whatever the session's
+# synchronous_commit (here local: without the extension it would not wait).
+# The wait (wait event SyncRep; statement_timeout does not cover a commit)
+# is cancelled: PostgreSQL warns that the commit may be missing on the
+# standby. After it, no value of that transaction's block is handed out
+# without the standby. The same at PREPARE TRANSACTION.
+sub waits_for_standby
+{
+	my ($script, $what) = @_;
+	my ($stdout, $stderr) = ('', '');
+	# From a file: IPC::Run feeds a scalar's input only when pumped.
+	my $file = PostgreSQL::Test::Utils::tempdir() . '/script.sql';
+	PostgreSQL::Test::Utils::append_to_file($file, $script);
+	my $h = IPC::Run::start([ 'psql', '-X', '-d', $primary->connstr('shop'), '-f', $file ], '>', \$stdout, '2>', \$stderr);
+	ok($primary->poll_query_until('shop', "SELECT count(*) = 1 FROM pg_stat_activity WHERE wait_event = 'SyncRep'"),
+		"$what waits for the standby, even at synchronous_commit = local");
+	$primary->safe_psql('shop', "SELECT pg_cancel_backend(pid) FROM pg_stat_activity WHERE wait_event = 'SyncRep'");
+	$h->finish;
+	like($stderr, qr/WARNING:  canceling wait for synchronous replication/, "$what: the cancelled wait is PostgreSQL's");
+}
+waits_for_standby("SET synchronous_commit = local;\nBEGIN;\nALTER SEQUENCE fo2 CACHE 1000;\nSELECT cached_nextval('fo2');\nCOMMIT;\n",
+	'the commit of a transaction that rewrote a sequence and handed out its values');
+($ret, $out, $err) = $primary->psql('shop', "SET statement_timeout = '2s';\nSELECT cached_nextval('fo2');");
+isnt($ret, 0, 'after it, its block is not handed out without confirmation from the standby');
+like($err, qr/ERROR:  canceling cached_nextval\(\): the synchronous standby has not confirmed/, '... and says why');
+waits_for_standby("SET synchronous_commit = local;\nBEGIN;\nALTER SEQUENCE fo3 CACHE 1000;\nSELECT cached_nextval('fo3');\nPREPARE TRANSACTION 'fo3';\n",
+	'PREPARE TRANSACTION of a transaction that rewrote a sequence and handed out its values');
+$primary->safe_psql('shop', "SET synchronous_commit = local; ROLLBACK PREPARED 'fo3'");
 
 # Failover: the primary dies; the WAL receiver dies with what it had not
 # written (the standby restarts its recovery); the standby is promoted and

@@ -17,6 +17,8 @@ my $primary = new_dd_node('fo_primary', init => { allows_streaming => 1 });
 $primary->safe_psql('postgres', q{
 ALTER DATABASE postgres SET delayed_durability.mode = 'forced';
 CREATE TABLE t (k int PRIMARY KEY, xid xid8);
+CREATE TABLE dropped_file (i int);
+INSERT INTO dropped_file VALUES (1);
 CREATE ROLE watcher LOGIN IN ROLE pg_monitor;
 SELECT flush_log();
 });
@@ -53,6 +55,11 @@ my ($count, $flush_lsn, $bytes, $aged) = split /\|/, $primary->safe_psql('postgr
 my $past = grep { lsn_to_int((split /:/, $_)[2]) > lsn_to_int($flush_lsn) } values(%receipt), values(%exposed);
 cmp_ok($past, '>=', 6, "exposure: the six commits made after the standby stopped are past its flush position ($flush_lsn)");
 is("$count|$bytes|$aged", "$past|t|t", 'exposure: the standby would lose exactly the acknowledged commits past its flush position, as pg_monitor sees it');
+# A commit PostgreSQL flushes itself (TRUNCATE drops the table's old file)
+# but that, delayed by the policy, waits for no standby: exposed as well.
+$primary->safe_psql('postgres', 'TRUNCATE dropped_file');
+is($primary->safe_psql('postgres', "SELECT delayed_commits FROM delayed_durability_standby_exposure WHERE application_name = 'fo_standby'"),
+	$count + 1, 'exposure: a commit that dropped a file, flushed here but not waiting for the standby, counts too');
 kill 'CONT', $receiver;
 $primary->safe_psql('postgres', 'SELECT flush_log()');
 $primary->wait_for_catchup($standby);

@@ -7,6 +7,7 @@
 use strict;
 use warnings;
 use File::Copy;
+use File::Spec;
 use PostgreSQL::Test::Cluster;
 use PostgreSQL::Test::Utils;
 use Test::More;
@@ -45,7 +46,9 @@ sub fail_over
 {
 	my ($primary, $standby) = @_;
 	kill_everything($primary);
-	my $copy = $standby->basedir . '/old_record';
+	# Absolute: the server reads it from its data directory (18's base
+	# directories are relative to the test's).
+	my $copy = File::Spec->rel2abs($standby->basedir . '/old_record');
 	copy($primary->data_dir . '/delayed_durability/commits', $copy) or die $!;
 	$standby->promote;
 	$standby->poll_query_until('postgres', 'SELECT count(*) = 1 FROM delayed_durability_failovers') or die 'no failover row';

@@ -20,24 +20,29 @@
 #include "utils/guc_hooks.h"
 #endif
 
-/* Whether no synchronous standby is configured, or one has flushed up to lsn. */
+/*
+ * Whether no synchronous standby is configured, or one has flushed up to lsn.
+ * As SyncRepWaitForLSN decides: from the shared state the checkpointer keeps
+ * (this backend's own copy of synchronous_standby_names is only re-read
+ * between commands: a reload that sets it during a long statement must count
+ * at once); the local setting only before the checkpointer has processed it.
+ */
 bool
 dd_sync_standby_confirmed(XLogRecPtr lsn)
 {
 	bool		confirmed;
 
-	if (SyncRepStandbyNames == NULL || SyncRepStandbyNames[0] == '\0' || max_wal_senders == 0)
+	if (max_wal_senders == 0)
 		return true;
 	LWLockAcquire(SyncRepLock, LW_SHARED);
 #ifdef SYNC_STANDBY_DEFINED
-	/*
-	 * Minor releases since 2025 replaced the boolean with flags. As in
-	 * SyncRepWaitForLSN: nothing to wait for once the checkpointer has
-	 * processed synchronous_standby_names and found none; before that, the
-	 * setting itself counts.
-	 */
-	confirmed = (WalSndCtl->sync_standbys_status & (SYNC_STANDBY_INIT | SYNC_STANDBY_DEFINED)) == SYNC_STANDBY_INIT ||
-		WalSndCtl->lsn[SYNC_REP_WAIT_FLUSH] >= lsn;
+	/* Minor releases since 2025 replaced the boolean with flags. */
+	if (WalSndCtl->sync_standbys_status & SYNC_STANDBY_INIT)
+		confirmed = (WalSndCtl->sync_standbys_status & SYNC_STANDBY_DEFINED) == 0 ||
+			WalSndCtl->lsn[SYNC_REP_WAIT_FLUSH] >= lsn;
+	else
+		confirmed = WalSndCtl->lsn[SYNC_REP_WAIT_FLUSH] >= lsn ||
+			SyncRepStandbyNames == NULL || SyncRepStandbyNames[0] == '\0';
 #else
 	confirmed = !WalSndCtl->sync_standbys_defined ||
 		WalSndCtl->lsn[SYNC_REP_WAIT_FLUSH] >= lsn;

@@ -216,8 +216,13 @@ fn keep_local_budget(commit_end: u64) -> bool {
 pub fn record_flushed_acknowledgement(commit_end: u64) -> bool {
     // The time budget against a standby needs it as the local one does.
     let time_budget = crate::guc::read(&MAX_LOSS_TIME) > 0;
-    if let Some(r) = ring().filter(|_| crate::guc::read(&TRACK_LOST_COMMITS) || time_budget) {
-        record_in(r, commit_end, time_budget);
+    match ring() {
+        Some(r) if crate::guc::read(&TRACK_LOST_COMMITS) || time_budget => {
+            record_in(r, commit_end, time_budget);
+        }
+        // A failover's list from this record would miss it.
+        Some(r) => r.mark_incomplete(),
+        None => {}
     }
     keep_standby_budget(commit_end)
 }

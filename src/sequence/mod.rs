@@ -126,9 +126,11 @@ fn claim_block(rel: pg_sys::Relation, options: &Options, slot: &mut slots::Slot)
     if permanent && written.new_in_transaction {
         // The recovery value lives in a file that exists only if this
         // transaction commits: flushing it now protects nothing. Make the
-        // commit itself durable instead, so that no value handed out here
-        // is handed out again once the commit has been acknowledged.
-        crate::commit_requests::require_durable_commit();
+        // commit itself durable, and confirmed by a synchronous standby
+        // whatever the session's synchronous_commit, so that no value
+        // handed out here is handed out again once the commit has been
+        // acknowledged, after a crash or a promotion.
+        crate::commit_requests::require_commit_on_standby();
     } else if written.needs_wal {
         // SAFETY: record_end is the end of the WAL record just inserted.
         unsafe { pg_sys::XLogFlush(record_end) };
@@ -220,8 +222,16 @@ pub unsafe extern "C-unwind" fn dd_cached_nextval_slow(
         let now = page::read(rel);
         // A claim is known by the page LSN it wrote (the end of its record).
         let ours = waited_for.is_some() && waited_for == Some(slot.page.page_lsn) && slot.has_values();
+        // A block claimed in the transaction that made the sequence's file
+        // had its standby confirmation left to that transaction's commit,
+        // which may not have waited (synchronous_commit = local, a canceled
+        // wait): once that transaction is over, a new block is claimed.
         let usable = ours
-            || (slot.has_values() && slot.options == options && now.is_called && slot.page.same_version(&now));
+            || (slot.has_values()
+                && slot.options == options
+                && now.is_called
+                && slot.page.same_version(&now)
+                && (!slot.page.new_in_transaction || now.new_in_transaction));
         if !usable {
             if let Some(value) = claim_block(rel, &options, slot) {
                 break value;

@@ -223,6 +223,9 @@ pub unsafe extern "C" fn dd_sequence_fast_take(
         if snap.key != key
             || !snap.valid
             || snap.confirm_lsn != 0
+            // Claimed in the transaction that made the file: the slow path
+            // claims anew once it is over (mod.rs).
+            || snap.page.new_in_transaction
             || snap.options != *options
             || !now.is_called
             || !snap.page.same_version(now)
