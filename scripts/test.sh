@@ -32,7 +32,9 @@ source "$(dirname "$0")/common.sh"
 #        code paths (WAL writes and syncs, crash recovery, commit and
 #        sequence internals, error reports)
 #   16   the same but t/019, whose sequence paths 16 shares with 15 and 17
-#        (from the pgserver wheel, without amcheck: see select_pg)
+#        (from the pgserver wheel, without amcheck: see select_pg), and
+#        t/012: 16.2 alone reads the synchronous-standby state as the
+#        boolean of releases before 2025 (src/c/sync_standby.c)
 # The Rust unit tests (the WAL buffer's format, the record's layout) run on
 # 15 only: they test Rust code alone, and their debug build would cost each
 # other version minutes. Each version's duration is printed with its counts.
@@ -42,7 +44,7 @@ VERSION_TAP="t/002_forced.pl t/013_hardening.pl t/014_wal_buffer.pl t/016_error_
   t/017_wal_buffer_shared.pl t/019_sequence_new_in_transaction.pl t/021_loss_budget.pl t/022_lost_commits.pl
   t/025_failed_statements.pl t/029_loss_budget_torture.pl t/033_power_cut_model.pl"
 SECOND_PG_SKIPPED_TAP="t/010_experiments_report.pl"
-VERSION_TAP_16="t/002_forced.pl t/013_hardening.pl t/016_error_reports.pl t/017_wal_buffer_shared.pl
+VERSION_TAP_16="t/002_forced.pl t/012_replication.pl t/013_hardening.pl t/016_error_reports.pl t/017_wal_buffer_shared.pl
   t/021_loss_budget.pl t/022_lost_commits.pl t/025_failed_statements.pl
   t/029_loss_budget_torture.pl t/033_power_cut_model.pl"
 

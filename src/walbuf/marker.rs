@@ -55,7 +55,7 @@ pub fn write(buffer: &str, data_dir: &Owner) -> std::io::Result<()> {
     }
     std::fs::create_dir_all("delayed_durability")?;
     // The directory's own entry, when this made it.
-    std::fs::File::open(".")?.sync_all()?;
+    sync_directory(".")?;
     let partial = format!("{MARKER}.partial");
     let mut file = std::fs::File::create(&partial)?;
     write!(
@@ -68,14 +68,23 @@ pub fn write(buffer: &str, data_dir: &Owner) -> std::io::Result<()> {
     )?;
     file.sync_all()?;
     std::fs::rename(&partial, MARKER)?;
-    std::fs::File::open("delayed_durability")?.sync_all()
+    sync_directory("delayed_durability")
+}
+
+/// fsync of a directory; as PostgreSQL's fsync_fname, a file system that
+/// cannot fsync directories (EINVAL, EBADF) is not an error.
+fn sync_directory(dir: &str) -> std::io::Result<()> {
+    match std::fs::File::open(dir)?.sync_all() {
+        Err(e) if matches!(e.raw_os_error(), Some(libc::EINVAL) | Some(libc::EBADF)) => Ok(()),
+        other => other,
+    }
 }
 
 /// The buffer is drained (or not used, and empty), or the marker is not
 /// this data directory's: nothing of it is needed.
 pub fn remove() -> std::io::Result<()> {
     match std::fs::remove_file(MARKER) {
-        Ok(()) => std::fs::File::open("delayed_durability")?.sync_all(),
+        Ok(()) => sync_directory("delayed_durability"),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
         Err(e) => Err(e),
     }
