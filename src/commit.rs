@@ -284,12 +284,11 @@ fn after_commit() {
             // PostgreSQL itself.
             let budget_flushed = match outcome {
                 Outcome::Delayed => crate::loss::acknowledge(commit_end),
-                // PostgreSQL flushed it (files dropped, 2PC) but, delayed by
-                // the policy, did not wait for a synchronous standby: a
-                // failover can lose it as any delayed commit.
-                // (Not COMMIT PREPARED: it waited at the session's own level,
-                // inside the statement.)
                 Outcome::DelayedFlushedMeanwhile => crate::loss::record_flushed_acknowledgement(commit_end),
+                // PostgreSQL flushed it (files dropped) but, delayed by the
+                // policy, did not wait for a synchronous standby: a failover
+                // can lose it as any delayed commit. Not COMMIT PREPARED: it
+                // waited at the session's own level, inside the statement.
                 Outcome::DurableByCore if commit_prepared_end.is_none() => {
                     crate::loss::record_flushed_acknowledgement(commit_end)
                 }
