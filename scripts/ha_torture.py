@@ -2,7 +2,8 @@
 """Failover soak under Patroni: three PostgreSQL nodes and etcd on 127.0.0.1,
 clients committing delayed, durable and durable-class transactions with
 their receipts, the leader killed (kill -9 of Patroni and of every server
-process) again and again. After each failover, on the new leader, with the
+process) again and again; every second time (--power-cut-every) its machine
+loses power as well. After each failover, on the new leader, with the
 clients stopped:
 
 - no acknowledged durable or durable-class commit is missing (Patroni's
@@ -18,6 +19,24 @@ clients stopped:
   client that the client never heard acknowledged (the one in flight);
 - every receipt the clients kept reads `durable` when its row is present
   and `lost` when not.
+
+A power cut of the old leader's machine is simulated on its record of
+acknowledged commits, which lives in the page cache (it is not on
+persistent memory): the record's header gets another machine's boot id (a
+restart changes it), and each page of its entries is, at random, as if
+never written back (its entries zeroed). The saved record is then marked
+as not surviving the restart, and the list the new leader gives must say it
+is not exact: every missing acknowledged delayed commit must still be
+listed unless the cut zeroed its entry, and nothing listed may be present.
+The old leader's WAL is left as written: what it held past the switch
+point is discarded by pg_rewind whatever the cut kept, and the durable
+commits are judged on the new leader (the cut of unsynced WAL itself is
+modelled with strace in t/027, t/029 and t/033). So the old leader
+always has WAL past the switch point, and Patroni always runs its crash
+recovery in single-user mode and pg_rewind; after a real cut its WAL can
+end at the switch point and Patroni starts it as a replica at once, where
+the record is saved by the standby's start instead (t/026 and t/035 cover
+that start).
 
 The rows on the new leader are the evidence; the report is what is judged.
 Run by scripts/ha_torture.sh (as root): it installs Patroni and etcd and
@@ -40,6 +59,12 @@ import psycopg2
 ETCD_CLIENT, ETCD_PEER = 2479, 2480
 NODES = [("n1", 5541, 8201), ("n2", 5542, 8202), ("n3", 5543, 8203)]
 KINDS = [("delayed", 6), ("durable", 2), ("classed", 2)]
+# The record's layout (src/loss/ring.rs): capacity at 12, the writer's boot
+# id at 32 (40 bytes), then 64-byte entries filling the file's end, each a
+# sequence word (0: never written), commit end, acknowledgement time, full
+# xid, database.
+RECORD_CAPACITY_AT, BOOT_ID_AT, BOOT_ID_LEN, ENTRY_LEN, WRITING = 12, 32, 40, 64, 2**64 - 1
+PAGE = os.sysconf("SC_PAGE_SIZE")
 
 passed = failed = 0
 
@@ -187,6 +212,43 @@ postgresql:
             self.etcd.wait()
 
 
+def power_cut_record(data, rng):
+    """The old leader's machine lost power: its record of acknowledged
+    commits (in the page cache) comes back with another boot id in its
+    header and, page by page at random, with its entries as never written
+    back. Returns the full xids of the acknowledged commits whose entries
+    were zeroed, and how many pages."""
+    path = f"{data}/delayed_durability/commits"
+    with open(path, "r+b") as f:
+        record = bytearray(f.read())
+        capacity = int.from_bytes(record[RECORD_CAPACITY_AT:RECORD_CAPACITY_AT + 4], "little")
+        entries_at = len(record) - ENTRY_LEN * capacity
+        if entries_at <= BOOT_ID_AT + BOOT_ID_LEN:
+            raise RuntimeError(f"{path}: not a record ({len(record)} bytes, capacity {capacity})")
+        record[BOOT_ID_AT:BOOT_ID_AT + BOOT_ID_LEN] = b"another-boot-".ljust(BOOT_ID_LEN, b"0")
+        # Each page of entries is lost or kept at random, the one holding
+        # the newest entries too: some cuts keep the commits a failover
+        # loses, which must then be listed, some lose them. (An entry
+        # being written, WRITING, was never acknowledged.) The header's
+        # own page keeps its live values (the claim counter, covers_from):
+        # the mark the copy gets at the restart decides the row first.
+        zeroed, pages = set(), 0
+        for page_start in range(entries_at // PAGE * PAGE, len(record), PAGE):
+            start, end = max(page_start, entries_at), min(page_start + PAGE, len(record))
+            if not any(record[start:end]) or rng.random() < 0.5:
+                continue
+            for at in range(start, end, ENTRY_LEN):
+                if int.from_bytes(record[at:at + 8], "little") not in (0, WRITING):
+                    zeroed.add(str(int.from_bytes(record[at + 24:at + 32], "little")))
+            record[start:end] = bytes(end - start)
+            pages += 1
+        f.seek(0)
+        f.write(record)
+        f.flush()
+        os.fsync(f.fileno())
+    return zeroed, pages
+
+
 def node_ports(name):
     return next((p, r) for n, p, r in NODES if n == name)
 
@@ -312,7 +374,7 @@ class Client(threading.Thread):
             self.error = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
 
 
-def failover_round(cluster, number, rng, clients_n, seconds, totals):
+def failover_round(cluster, number, rng, clients_n, seconds, totals, power_cut):
     names = [n for n, _, _ in NODES]
     old = leader(names)
     if not old:
@@ -327,6 +389,11 @@ def failover_round(cluster, number, rng, clients_n, seconds, totals):
     time.sleep(seconds * (0.5 + rng.random()))
     saved_before = set(os.listdir(cluster.saved_dir(old)))
     cluster.kill_node(old)
+    zeroed = set()
+    if power_cut:
+        zeroed, pages = power_cut_record(f"{cluster.work}/{old}", rng)
+        print(f"# failover {number}: a power cut of {old}'s machine: {pages} pages of its record lost, "
+              f"{len(zeroed)} entries", flush=True)
     for c in clients:
         c.join(30)
     others = [n for n in names if n != old]
@@ -338,7 +405,8 @@ def failover_round(cluster, number, rng, clients_n, seconds, totals):
                            (new_tli,))[0][0] == 1, 60, "the failover row on the new leader")
     old_tli, = query(new, "SELECT old_timeline FROM delayed_durability_failovers WHERE new_timeline = %s", (new_tli,))[0]
     check(old_tli == new_tli - 1, f"failover {number}: the new leader recorded the failover from timeline {old_tli}")
-    print(f"# failover {number}: {old} -> {new}, timeline {old_tli} -> {new_tli}", flush=True)
+    print(f"# failover {number}: {old} -> {new}, timeline {old_tli} -> {new_tli}"
+          + (" (power cut)" if power_cut else " (kill -9)"), flush=True)
 
     acked = [a for c in clients for a in c.acked]
     present = {int(k): xid for k, xid in query(new, "SELECT k, xid::text FROM t UNION ALL SELECT k, xid::text FROM td")}
@@ -368,9 +436,16 @@ def failover_round(cluster, number, rng, clients_n, seconds, totals):
     listed = query(new, """SELECT l.xid::text, l.commit_lsn::text FROM delayed_durability_lost_commits l
         JOIN delayed_durability_failovers f ON f.failover_at = l.crash_recovered_at
         WHERE l.lost_in = 'failover' AND f.new_timeline = %s""", (new_tli,))
-    exact, lost_n = query(new, "SELECT exact, lost_commits FROM delayed_durability_failovers WHERE new_timeline = %s",
-                          (new_tli,))[0]
-    if saved[0].endswith(".refused"):
+    exact, lost_n, detail = query(new, """SELECT exact, lost_commits, detail FROM delayed_durability_failovers
+        WHERE new_timeline = %s""", (new_tli,))[0]
+    if power_cut:
+        # A marked record is taken even with nothing past the switch point:
+        # it cannot prove it is older than the failover.
+        check(saved[0].endswith(".delivered") and not exact and lost_n == len(listed)
+              and "did not survive the restart of its machine" in (detail or ""),
+              f"failover {number}: after the power cut the delivered record lists {lost_n}, not exact, saying why",
+              f"{saved[0]}, exact {exact}, {len(listed)} rows, detail {detail!r}")
+    elif saved[0].endswith(".refused"):
         lost_delayed = [a for a in missing if a[1] == "delayed"]
         check(not lost_delayed and lost_n is None, f"failover {number}: the new leader refuses a delivered record with "
               "nothing past the switch point, and no acknowledged delayed commit is missing",
@@ -383,7 +458,11 @@ def failover_round(cluster, number, rng, clients_n, seconds, totals):
     listed_xids = {x for x, _ in listed}
     unlisted = [a for a in missing if a[1] == "delayed" and
                 not (a[3] and (a[2], a[3].split(":")[2]) in listed_set) and not (a[3] is None and a[2] in listed_xids)]
-    check(not unlisted, f"failover {number}: every acknowledged delayed commit that is missing is listed",
+    # After a power cut, only those whose entry it zeroed may be unlisted.
+    unlisted_cut = [a for a in unlisted if a[2] in zeroed]
+    unlisted = [a for a in unlisted if a[2] not in zeroed]
+    check(not unlisted, f"failover {number}: every acknowledged delayed commit that is missing is listed"
+          + (f" ({len(unlisted_cut)} whose entries the power cut zeroed are not)" if power_cut else ""),
           f"{len(unlisted)} not listed, e.g. {unlisted[:3]}")
     present_xids = set(present.values())
     false_reports = [x for x, _ in listed if x in present_xids]
@@ -402,6 +481,9 @@ def failover_round(cluster, number, rng, clients_n, seconds, totals):
           f"lost when not", f"{len(wrong)} wrong, e.g. {wrong[:3]}")
 
     totals["failovers"] += 1
+    totals["power_cuts"] += 1 if power_cut else 0
+    totals["lost_unlisted_power_cut"] += len(unlisted_cut)
+    totals["lost_listed_power_cut"] += len(listed) if power_cut else 0
     totals["acked_delayed"] += sum(1 for a in acked if a[1] == "delayed")
     totals["acked_durable"] += sum(1 for a in acked if a[1] != "delayed")
     totals["lost"] += len(missing)
@@ -425,13 +507,16 @@ def main():
     ap.add_argument("--clients", type=int, default=4)
     ap.add_argument("--seconds", type=float, default=3.0)
     ap.add_argument("--seed", type=int, default=None)
+    ap.add_argument("--power-cut-every", type=int, default=2,
+                    help="every Nth failover follows a power cut of the leader's machine (0: never)")
     args = ap.parse_args()
     seed = args.seed if args.seed is not None else random.randrange(2**31)
     print(f"# seed {seed}", flush=True)
     rng = random.Random(seed)
     cluster = Cluster(args.work, args.bindir)
     totals = dict.fromkeys(["failovers", "acked_delayed", "acked_durable", "lost", "lost_delayed_acked", "listed",
-                            "durable_lost", "refused_nothing_lost"], 0)
+                            "durable_lost", "refused_nothing_lost", "power_cuts",
+                            "lost_listed_power_cut", "lost_unlisted_power_cut"], 0)
     started = time.time()
     try:
         cluster.start_etcd()
@@ -447,7 +532,8 @@ def main():
         cluster.start_node("n2")
         cluster.start_node("n3")
         for i in range(1, args.failovers + 1):
-            failover_round(cluster, i, rng, args.clients, args.seconds, totals)
+            power_cut = args.power_cut_every > 0 and i % args.power_cut_every == 0
+            failover_round(cluster, i, rng, args.clients, args.seconds, totals, power_cut)
     except Exception as e:
         check(False, "the soak ran to its end", str(e))
     finally:

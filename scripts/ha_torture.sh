@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Failover soak under Patroni (scripts/ha_torture.py says what it checks).
 # Run as root on Debian 12:
-#   bash scripts/ha_torture.sh [--no-build] [--failovers N] [--clients N] [--seconds S] [--seed N]
+#   bash scripts/ha_torture.sh [--no-build] [--failovers N] [--clients N] [--seconds S] [--seed N] [--power-cut-every N]
 # Installs Patroni and etcd from Debian (patroni, etcd-server,
 # python3-psycopg2), builds and installs the extension for PostgreSQL 15
 # (Debian's; --no-build takes the installed one), then runs three
@@ -18,8 +18,8 @@ build=1 args=()
 while [ $# -gt 0 ]; do
     case "$1" in
         --no-build) build=0 ;;
-        --failovers|--clients|--seconds|--seed) args+=("$1" "${2:?$1 needs a value}"); shift ;;
-        *) echo "usage: $0 [--no-build] [--failovers N] [--clients N] [--seconds S] [--seed N]" >&2; exit 2 ;;
+        --failovers|--clients|--seconds|--seed|--power-cut-every) args+=("$1" "${2:?$1 needs a value}"); shift ;;
+        *) echo "usage: $0 [--no-build] [--failovers N] [--clients N] [--seconds S] [--seed N] [--power-cut-every N]" >&2; exit 2 ;;
     esac
     shift
 done
