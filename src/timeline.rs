@@ -99,6 +99,46 @@ unsafe fn insertion_timeline() -> u32 {
     unsafe { pg_sys::ThisTimeLineID }
 }
 
+extern "C-unwind" {
+    /// src/c/commit_record.c: whether the record ending at `end` is a
+    /// shutdown checkpoint, and where it starts and its time; raises only
+    /// what is not a read error.
+    fn dd_shutdown_checkpoint_at(
+        end: u64,
+        start: *mut u64,
+        time: *mut i64,
+        message: *mut std::ffi::c_char,
+        message_len: usize,
+    ) -> std::ffi::c_int;
+}
+
+/// The shutdown checkpoint this server's WAL holds ending exactly at `end`
+/// (a timeline's switch point): where it starts and its time; None when
+/// another record ends there. Err: the WAL there could not be read, and why.
+pub fn shutdown_checkpoint_ending_at(end: u64) -> Result<Option<(u64, i64)>, String> {
+    const MATCHES: std::ffi::c_int = 0;
+    const OTHER: std::ffi::c_int = 1;
+    let mut message = vec![0 as std::ffi::c_char; 512];
+    let (mut start, mut time) = (0u64, 0i64);
+    // SAFETY: the buffer is valid for its length and left NUL-terminated,
+    // the two outputs are this frame's; an error the reader raises (not a
+    // read error) reaches PostgreSQL through the boundary.
+    let found = unsafe {
+        pg_sys::ffi::pg_guard_ffi_boundary(|| {
+            dd_shutdown_checkpoint_at(end, &mut start, &mut time, message.as_mut_ptr(), message.len())
+        })
+    };
+    match found {
+        MATCHES => Ok(Some((start, time))),
+        OTHER => Ok(None),
+        // SAFETY: NUL-terminated by the function.
+        _ => Err(match unsafe { std::ffi::CStr::from_ptr(message.as_ptr()) }.to_string_lossy() {
+            m if m.is_empty() => "the WAL after it is not readable yet".into(),
+            m => m.into_owned(),
+        }),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -2,7 +2,9 @@
  * Whether this server's WAL holds, ending at a receipt's position, the
  * commit record the receipt names: a record of the transaction resource
  * manager (COMMIT or COMMIT PREPARED) of the receipt's transaction, with its
- * commit time for a plain commit.
+ * commit time for a plain commit. And whether a timeline's switch point is
+ * the end of a shutdown checkpoint (the old primary shut down cleanly
+ * before the promotion).
  *
  * A standby has no report of the crashes of the primary it follows: a
  * delayed commit the primary lost in a crash is in no WAL the standby
@@ -18,6 +20,7 @@
 
 #include "access/rmgr.h"
 #include "access/xact.h"
+#include "catalog/pg_control.h"
 #include "access/xlog.h"
 #include "access/xlog_internal.h"
 #include "access/xlogreader.h"
@@ -38,10 +41,51 @@
 #define DD_WIDEN (-1)
 #define DD_WIDEN_AT_END_OF_WAL (-2)
 
+/* What the record ending at the position must be. */
+typedef struct DDRecordWanted
+{
+	bool		shutdown_checkpoint;	/* else a commit record: */
+	TransactionId xid;
+	TimestampTz at;
+	/* Set for a shutdown checkpoint found: where it starts, its time. */
+	XLogRecPtr	found_start;
+	pg_time_t	found_time;
+} DDRecordWanted;
+
+/* Whether the record the reader just read is the one wanted. */
+static int
+dd_matches(XLogReaderState *reader, DDRecordWanted *wanted)
+{
+	uint8		info;
+
+	if (wanted->shutdown_checkpoint)
+	{
+		CheckPoint	checkpoint;
+
+		if (XLogRecGetRmid(reader) != RM_XLOG_ID ||
+			(XLogRecGetInfo(reader) & ~XLR_INFO_MASK) != XLOG_CHECKPOINT_SHUTDOWN ||
+			XLogRecGetDataLen(reader) < sizeof(CheckPoint))
+			return DD_RECORD_OTHER;
+		memcpy(&checkpoint, XLogRecGetData(reader), sizeof(CheckPoint));
+		wanted->found_start = reader->ReadRecPtr;
+		wanted->found_time = checkpoint.time;
+		return DD_RECORD_MATCHES;
+	}
+	if (XLogRecGetRmid(reader) != RM_XACT_ID || XLogRecGetXid(reader) != wanted->xid)
+		return DD_RECORD_OTHER;
+	info = XLogRecGetInfo(reader) & XLOG_XACT_OPMASK;
+	if (info == XLOG_XACT_COMMIT_PREPARED)
+		return DD_RECORD_MATCHES;
+	if (info != XLOG_XACT_COMMIT || XLogRecGetDataLen(reader) < sizeof(xl_xact_commit))
+		return DD_RECORD_OTHER;
+	return ((xl_xact_commit *) XLogRecGetData(reader))->xact_time == wanted->at
+		? DD_RECORD_MATCHES : DD_RECORD_OTHER;
+}
+
 /* Reads the records from the first one at or after start. */
 static int
 dd_scan(XLogReaderState *reader, ReadLocalXLogPageNoWaitPrivate *private,
-		XLogRecPtr start, XLogRecPtr end, TransactionId xid, TimestampTz at,
+		XLogRecPtr start, XLogRecPtr end, DDRecordWanted *wanted,
 		char *message, size_t message_len)
 {
 	XLogRecPtr	first;
@@ -63,7 +107,6 @@ dd_scan(XLogReaderState *reader, ReadLocalXLogPageNoWaitPrivate *private,
 	{
 		char	   *errormsg = NULL;
 		XLogRecord *record = XLogReadRecord(reader, &errormsg);
-		uint8		info;
 
 		if (record == NULL)
 		{
@@ -79,21 +122,12 @@ dd_scan(XLogReaderState *reader, ReadLocalXLogPageNoWaitPrivate *private,
 			continue;
 		if (reader->EndRecPtr > end)
 			return DD_RECORD_OTHER;
-		if (XLogRecGetRmid(reader) != RM_XACT_ID || XLogRecGetXid(reader) != xid)
-			return DD_RECORD_OTHER;
-		info = XLogRecGetInfo(reader) & XLOG_XACT_OPMASK;
-		if (info == XLOG_XACT_COMMIT_PREPARED)
-			return DD_RECORD_MATCHES;
-		if (info != XLOG_XACT_COMMIT || XLogRecGetDataLen(reader) < sizeof(xl_xact_commit))
-			return DD_RECORD_OTHER;
-		return ((xl_xact_commit *) XLogRecGetData(reader))->xact_time == at
-			? DD_RECORD_MATCHES : DD_RECORD_OTHER;
+		return dd_matches(reader, wanted);
 	}
 }
 
-int
-dd_commit_record_at(XLogRecPtr end, TransactionId xid, TimestampTz at,
-					char *message, size_t message_len)
+static int
+dd_record_at(XLogRecPtr end, DDRecordWanted *wanted, char *message, size_t message_len)
 {
 	MemoryContext caller = CurrentMemoryContext;
 	ReadLocalXLogPageNoWaitPrivate *private = palloc0(sizeof(ReadLocalXLogPageNoWaitPrivate));
@@ -130,7 +164,7 @@ dd_commit_record_at(XLogRecPtr end, TransactionId xid, TimestampTz at,
 			XLogRecPtr	start = last_page > XLOG_BLCKSZ * (pages_back + 1)
 				? last_page - XLOG_BLCKSZ * pages_back : XLOG_BLCKSZ;
 
-			result = dd_scan(reader, private, start, end, xid, at, message, message_len);
+			result = dd_scan(reader, private, start, end, wanted, message, message_len);
 			if (result != DD_WIDEN && result != DD_WIDEN_AT_END_OF_WAL)
 				break;
 			if (start == XLOG_BLCKSZ)
@@ -183,5 +217,33 @@ dd_commit_record_at(XLogRecPtr end, TransactionId xid, TimestampTz at,
 	PG_END_TRY();
 	XLogReaderFree(reader);
 	pfree(private);
+	return result;
+}
+
+int
+dd_commit_record_at(XLogRecPtr end, TransactionId xid, TimestampTz at,
+					char *message, size_t message_len)
+{
+	DDRecordWanted wanted = {.shutdown_checkpoint = false, .xid = xid, .at = at};
+
+	return dd_record_at(end, &wanted, message, message_len);
+}
+
+/*
+ * Whether the record ending at end is a shutdown checkpoint, and where it
+ * starts and its time. At a timeline's switch point it may be the old
+ * primary's clean shutdown, whose walsenders sent all its WAL first (or
+ * the end of a crash recovery, which writes the same record): the old
+ * primary's own record, stamped with that checkpoint, tells them apart.
+ */
+int
+dd_shutdown_checkpoint_at(XLogRecPtr end, XLogRecPtr *start, int64 *time,
+						  char *message, size_t message_len)
+{
+	DDRecordWanted wanted = {.shutdown_checkpoint = true};
+	int			result = dd_record_at(end, &wanted, message, message_len);
+
+	*start = wanted.found_start;
+	*time = (int64) wanted.found_time;
 	return result;
 }

@@ -50,6 +50,10 @@ struct Failovers {
     /// Which record each imported failover's list came from (a
     /// fingerprint of its bytes): a record delivered twice is taken once.
     records: Vec<(i64, String)>,
+    /// A failover whose old timeline ends with a shutdown checkpoint, read
+    /// at the promotion (its WAL may be gone when the old primary rejoins):
+    /// where it starts and its time.
+    shutdown_checkpoints: Vec<(i64, u64, i64)>,
 }
 
 /// Held around every read-modify-write of the failovers file: the worker
@@ -107,6 +111,7 @@ fn read_failovers() -> std::io::Result<Failovers> {
                 .lost
                 .push((n(1), Acked { fxid: n(2) as u64, datid: n(3) as u32, commit_end: n(4) as u64, ack_time: n(5) })),
             Some(&"record") if f.len() >= 3 => out.records.push((n(1), f[2].to_string())),
+            Some(&"shutdown_checkpoint") if f.len() >= 4 => out.shutdown_checkpoints.push((n(1), n(2) as u64, n(3))),
             _ => {}
         }
     }
@@ -129,6 +134,9 @@ fn write_failovers(f: &Failovers) -> std::io::Result<()> {
     for (id, fp) in &f.records {
         let _ = writeln!(text, "record\t{id}\t{fp}");
     }
+    for (id, start, time) in &f.shutdown_checkpoints {
+        let _ = writeln!(text, "shutdown_checkpoint\t{id}\t{start}\t{time}");
+    }
     // The worker and a backend (the import, the reset) may write at once.
     report::write_whole(FAILOVER_FILE, &text)
 }
@@ -145,6 +153,7 @@ pub(super) fn forget() -> std::io::Result<()> {
     failovers.events.clear();
     failovers.lost.clear();
     failovers.records.clear();
+    failovers.shutdown_checkpoints.clear();
     write_failovers(&failovers)
         .map_err(|e| std::io::Error::new(e.kind(), format!("could not write \"{FAILOVER_FILE}\": {e}")))
 }
@@ -220,6 +229,33 @@ commit in them is lost, durable ones too",
     text
 }
 
+/// What the WAL at the switch point says, when the old timeline ends there
+/// with a shutdown checkpoint: maybe the old primary's clean shutdown (a
+/// switchover), maybe the end of its crash recovery (the same record).
+/// Only the old primary's record, saved at its start as a standby and
+/// stamped with that checkpoint, tells them apart.
+fn shutdown_checkpoint_detail(old_tli: u32, switch: u64) -> (String, Option<(u64, i64)>) {
+    match crate::timeline::shutdown_checkpoint_ending_at(switch) {
+        Ok(Some((start, time))) => (
+            format!(
+                "; timeline {old_tli} ends here with a shutdown checkpoint (at {}): if it is the old primary's clean \
+shutdown (a switchover), nothing was lost, and the old primary shows it when it rejoins as a standby (its record, saved \
+then in crash_record_directory, is delivered here); if it ended a crash recovery, commits acknowledged after it are lost",
+                lsn_text(start)
+            ),
+            Some((start, time)),
+        ),
+        Ok(None) => (String::new(), None),
+        Err(why) => {
+            pgrx::log!(
+                "delayed_durability: could not read the WAL at the switch point {} of timeline {old_tli}: {why}",
+                lsn_text(switch)
+            );
+            (String::new(), None)
+        }
+    }
+}
+
 /// In the report worker, once recovery finished: a timeline newer than
 /// the last one this server ran on is a promotion, recorded as a failover.
 pub fn note_timeline() -> std::io::Result<()> {
@@ -246,20 +282,23 @@ pub fn note_timeline() -> std::io::Result<()> {
         for (i, (old_tli, switch)) in left.iter().enumerate() {
             let new_tli = left.get(i + 1).map_or(current, |(t, _)| *t);
             let id = failovers.events.iter().map(|e| e.id + 1).max().unwrap_or(0).max(now + i as i64);
-            failovers.events.push(Failover {
-                id,
-                at: now,
-                old_tli: *old_tli,
-                new_tli,
-                switch: *switch,
-                lost: None,
-                detail: match heard {
-                    Some((end, tli, heard_at)) if tli == *old_tli => {
-                        not_imported(*old_tli, new_tli, *switch) + &heard_detail(end, heard_at, now, *switch)
-                    }
-                    _ => not_imported(*old_tli, new_tli, *switch),
-                },
-            });
+            let heard_past_switch = heard.is_some_and(|(end, tli, _)| tli == *old_tli && end > *switch);
+            let mut detail = match heard {
+                Some((end, tli, heard_at)) if tli == *old_tli => {
+                    not_imported(*old_tli, new_tli, *switch) + &heard_detail(end, heard_at, now, *switch)
+                }
+                _ => not_imported(*old_tli, new_tli, *switch),
+            };
+            // Not when the old primary was heard to have flushed WAL past
+            // it: it ran on after that checkpoint.
+            if !heard_past_switch {
+                let (text, checkpoint) = shutdown_checkpoint_detail(*old_tli, *switch);
+                detail += &text;
+                if let Some((start, time)) = checkpoint {
+                    failovers.shutdown_checkpoints.push((id, start, time));
+                }
+            }
+            failovers.events.push(Failover { id, at: now, old_tli: *old_tli, new_tli, switch: *switch, lost: None, detail });
             pgrx::log!(
                 "delayed_durability: failover: timeline {old_tli} was left at {} for timeline {new_tli}; delayed commits the old primary acknowledged past that point are lost (its record, delivered by it when it rejoins or imported with delayed_durability_import_failover_record(), lists them)",
                 lsn_text(*switch)
@@ -530,8 +569,22 @@ fn attach(failovers: &mut Failovers, ring: &Ring, fp: &str, source: &str, old_ti
         .into());
     };
     let snapshot = ring.snapshot();
+    // Saved at the old primary's start as a standby after its clean
+    // shutdown, and stamped with that shutdown checkpoint: when it is the
+    // very record the old timeline ends with here (position and time, read
+    // at the promotion), the run the record holds ended at the switch
+    // point, after its WAL senders had sent everything, and no run of that
+    // server came after it (that start would have stamped another
+    // checkpoint, or none after a crash). Nothing was lost.
+    let id = event.id;
+    let ended_here = failovers.shutdown_checkpoints.iter().find(|(i, ..)| *i == id).map(|&(_, start, time)| (start, time));
+    let clean_end = snapshot.ended_at != (0, 0)
+        && ended_here == Some(snapshot.ended_at)
+        && snapshot.entries.iter().all(|a| a.commit_end <= event.switch)
+        && (snapshot.summary.count == 0 || snapshot.summary.max_end <= event.switch);
     let newest = snapshot.entries.iter().map(|a| a.commit_end).max();
     match newest {
+        _ if clean_end => {}
         // Its last entries may be gone with the machine's page cache, or
         // cut with the file's end: none left, or none past the switch
         // point, is no proof of an older record. Taken, not exact.
@@ -570,9 +623,19 @@ fn attach(failovers: &mut Failovers, ring: &Ring, fp: &str, source: &str, old_ti
     // receiving) may not list what its earlier runs acknowledged past it.
     let covers_from = snapshot.covers_from;
     let earlier_runs_uncovered = covers_from == 0 || covers_from > event.switch;
-    let exact = !snapshot.incomplete && !snapshot.torn && summarized == 0 && !overwritten && !earlier_runs_uncovered;
+    let exact = clean_end
+        || (!snapshot.incomplete && !snapshot.torn && summarized == 0 && !overwritten && !earlier_runs_uncovered);
     event.lost = Some(lost.len() as i64);
-    event.detail = if exact {
+    event.detail = if clean_end {
+        format!(
+            "exact: the old primary shut down cleanly at {}, with the checkpoint timeline {} ends with here: the run \
+that ended there acknowledged no commit past the switch point, and no run came after it (shown by its record, saved at \
+its start as a standby after that shutdown: {source}; commits lost in an earlier crash of it are in that crash's \
+report)",
+            lsn_text(snapshot.ended_at.0),
+            event.old_tli
+        )
+    } else if exact {
         format!("exact: {} acknowledged delayed commits of the old primary were past the switch point (imported from {source})", lost.len())
     } else {
         format!(
@@ -605,7 +668,6 @@ stopped receiving): acknowledgements of its earlier runs past the switch point a
             }
         )
     };
-    let id = event.id;
     failovers.lost.retain(|(i, _)| *i != id);
     failovers.lost.extend(lost.iter().map(|a| (id, *a)));
     failovers.records.retain(|(i, _)| *i != id);

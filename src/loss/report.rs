@@ -119,8 +119,11 @@ struct Control {
     /// The run that ended was a primary (a standby's record is empty).
     in_production: bool,
     /// After a primary's clean shutdown: where its checkpoint record starts,
-    /// the end of every commit of the runs before this one.
-    shutdown_checkpoint: Option<u64>,
+    /// the end of every commit of the runs before this one, and the
+    /// checkpoint's time.
+    shutdown_checkpoint: Option<(u64, i64)>,
+    /// The timeline of the last checkpoint.
+    checkpoint_timeline: Option<u32>,
 }
 
 fn read_control_file() -> Result<Control, String> {
@@ -133,11 +136,17 @@ fn read_control_file() -> Result<Control, String> {
     let state = u32::from_ne_bytes(bytes[state_at..state_at + 4].try_into().unwrap());
     let checkpoint_at = std::mem::offset_of!(ControlFileData, checkPoint);
     let checkpoint = bytes.get(checkpoint_at..checkpoint_at + 8).map(|b| u64::from_ne_bytes(b.try_into().unwrap()));
+    let time_at = std::mem::offset_of!(ControlFileData, checkPointCopy) + std::mem::offset_of!(pg_sys::CheckPoint, time);
+    let time = bytes.get(time_at..time_at + 8).map(|b| i64::from_ne_bytes(b.try_into().unwrap()));
+    let checkpoint = checkpoint.zip(time);
+    let tli_at = std::mem::offset_of!(ControlFileData, checkPointCopy) + std::mem::offset_of!(pg_sys::CheckPoint, ThisTimeLineID);
+    let checkpoint_timeline = bytes.get(tli_at..tli_at + 4).map(|b| u32::from_ne_bytes(b.try_into().unwrap()));
     let clean_shutdown = state == pg_sys::DBState::DB_SHUTDOWNED || state == pg_sys::DBState::DB_SHUTDOWNED_IN_RECOVERY;
     Ok(Control {
         // Not after a standby's shutdown: WAL past its last restartpoint was
         // replayed, maybe with commits of this server's own earlier run.
         shutdown_checkpoint: checkpoint.filter(|_| state == pg_sys::DBState::DB_SHUTDOWNED),
+        checkpoint_timeline,
         system_id: u64::from_ne_bytes(bytes[0..8].try_into().unwrap()),
         clean_shutdown,
         in_production: state == pg_sys::DBState::DB_IN_PRODUCTION,
@@ -298,6 +307,10 @@ fn open(current: Option<Ring>, crash_restart: bool) -> Result<Ring, String> {
         let _ = std::fs::File::open(".").and_then(|d| d.sync_all());
     }
     let control = read_control_file()?;
+    // A crash not compared yet (recovered in single-user mode, as pg_rewind
+    // and Patroni do, which ends with a shutdown checkpoint too): the run
+    // that shut down cleanly began with commits lost, and is no clean end.
+    let crash_pending = Path::new(PENDING_FILE).exists();
     if !crash_restart {
         remove_leftover_temporary_files();
         super::saved_record::check_at_start();
@@ -345,6 +358,23 @@ fn open(current: Option<Ring>, crash_restart: bool) -> Result<Ring, String> {
                 let lost = lost_at_restart(&s, &boot_id, crash_restart);
                 if (held > 0 || (lost && control.in_production)) && s.system_id == control.system_id && !Path::new("backup_label").exists() {
                     super::saved_record::save(&shown, control.system_id, held, lost, own_report_cannot_list());
+                }
+            } else if let Some(end) = control.shutdown_checkpoint.filter(|_| {
+                // A primary shut down cleanly and starting as a standby (a
+                // switchover; not a copy, not rewound: no backup_label):
+                // its record, stamped with that shutdown checkpoint, shows
+                // the server promoted meanwhile that this run lost nothing.
+                // SAFETY: a plain read of a flag set at process start.
+                let postmaster = unsafe { pg_sys::IsPostmasterEnvironment };
+                !crash_restart
+                    && !crash_pending
+                    && postmaster
+                    && !prev.single_user_run()
+                    && start_kind() == StartKind::Rejoining
+                    && !Path::new("backup_label").exists()
+            }) {
+                if let (true, Some(tli)) = (prev.system_id() == control.system_id, control.checkpoint_timeline) {
+                    super::saved_record::save_clean_end(&shown, control.system_id, end, tli);
                 }
             }
             Some(prev)
@@ -405,8 +435,10 @@ fn open(current: Option<Ring>, crash_restart: bool) -> Result<Ring, String> {
         }
     };
     // Where earlier runs' commits end, when known now (else at the first entry).
-    let run_start = control.shutdown_checkpoint.filter(|_| !crash_restart).unwrap_or(0);
-    let ring = match Ring::format(map, capacity, control.system_id, boot_id, on_persistent_memory, run_start) {
+    let run_start = control.shutdown_checkpoint.filter(|_| !crash_restart).map_or(0, |(at, _)| at);
+    // SAFETY: a plain read of a flag set at process start.
+    let single_user = !unsafe { pg_sys::IsPostmasterEnvironment };
+    let ring = match Ring::format(map, capacity, control.system_id, boot_id, on_persistent_memory, run_start, single_user) {
         Ok(ring) => ring,
         Err(e) => {
             // A file that is not known to be durable as an empty record must
@@ -461,6 +493,7 @@ fn note_unknown_crash(why: String) {
                 salvaged: false,
                 boot_id: [0; ring::BOOT_ID_LEN],
                 covers_from: 0,
+                ended_at: (0, 0),
                 persistent: false,
                 system_id: 0,
                 lapped: false,

@@ -32,6 +32,8 @@ pub const LOST_AT_RESTART: u32 = 2;
 /// empty ones to its size.
 pub const SALVAGED: u32 = 4;
 const CAPACITY_OFFSET: usize = 12;
+/// Where a saved copy keeps Header::ended_at and ended_time.
+pub const ENDED_AT_OFFSET: usize = 80;
 /// The most entries a record holds (lost_commits_ring_size's maximum).
 pub const MAX_CAPACITY: u32 = 1 << 24;
 const WRITING: u64 = u64::MAX;
@@ -110,6 +112,16 @@ struct Header {
     /// this record does not list. 0: not known yet (set at the format after
     /// a clean shutdown, else at the run's first entry).
     covers_from: AtomicU64,
+    /// In a copy saved at a start after the primary's clean shutdown (a
+    /// switchover): where its shutdown checkpoint record starts, and that
+    /// checkpoint's time (seconds since 1970): the run the record holds
+    /// ended there. 0 otherwise (never set in a live record).
+    ended_at: u64,
+    ended_time: i64,
+    /// 1 when the run was a single-user backend's (the crash recovery
+    /// pg_rewind and Patroni run): it ends with a shutdown checkpoint, yet
+    /// is no clean end of a primary's run.
+    single_user_run: u32,
     summary: SharedSummary,
     next_claim: Counter,
     scan_from: Counter,
@@ -157,6 +169,9 @@ pub struct Snapshot {
     pub boot_id: [u8; BOOT_ID_LEN],
     /// See Header::covers_from.
     pub covers_from: u64,
+    /// See Header::ended_at: where the clean shutdown that ended the run
+    /// began, and its checkpoint's time (0, 0: not a clean end's copy).
+    pub ended_at: (u64, i64),
     pub persistent: bool,
     /// The cluster the record belongs to.
     pub system_id: u64,
@@ -233,9 +248,13 @@ impl Ring {
         boot_id: [u8; BOOT_ID_LEN],
         persistent: bool,
         covers_from: u64,
+        single_user: bool,
     ) -> Result<Ring, String> {
         let ring = Ring::write_empty(map, capacity, system_id, boot_id, persistent);
         ring.header().covers_from.store(covers_from, Ordering::Relaxed);
+        // SAFETY: the postmaster (or the single-user backend) owns the
+        // mapping alone while it formats it.
+        unsafe { (*(map.addr as *mut Header)).single_user_run = single_user as u32 };
         map.persist(0, file_len(capacity))?;
         // The magic last, once the rest is durable: a file whose formatting
         // did not reach the disk is no ring, never an empty one.
@@ -272,6 +291,11 @@ impl Ring {
         self.capacity as u32
     }
 
+    /// Whether the run that wrote the record was a single-user backend's.
+    pub fn single_user_run(&self) -> bool {
+        self.header().single_user_run != 0
+    }
+
     /// Every entry and the summary (postmaster only, nobody writing).
     pub fn snapshot(&self) -> Snapshot {
         let h = self.header();
@@ -303,6 +327,7 @@ impl Ring {
             salvaged: h.incomplete.load(Ordering::Relaxed) & SALVAGED != 0,
             boot_id: h.boot_id,
             covers_from: h.covers_from.load(Ordering::Relaxed),
+            ended_at: (h.ended_at, h.ended_time),
             persistent: h.persistent != 0,
             system_id: h.system_id,
             lapped,
@@ -698,6 +723,9 @@ mod tests {
         // covers_from took padding before the summary: records written
         // before it existed read 0 there (not known), and entries did not move.
         assert_eq!(std::mem::offset_of!(Header, covers_from), BOOT_ID_OFFSET + BOOT_ID_LEN);
+        assert_eq!(std::mem::offset_of!(Header, ended_at), ENDED_AT_OFFSET);
+        assert_eq!(std::mem::offset_of!(Header, ended_time), ENDED_AT_OFFSET + 8);
+        assert_eq!(std::mem::offset_of!(Header, single_user_run), ENDED_AT_OFFSET + 16);
         assert_eq!(std::mem::offset_of!(Header, summary), 128);
         assert_eq!(ENTRIES_OFFSET % 64, 0);
         assert_eq!(std::mem::size_of::<Entry>(), 64);
@@ -852,7 +880,7 @@ mod tests {
         let path = std::env::temp_dir().join(format!("dd_truncated_copy_{}", std::process::id()));
         // Cut within the third entry.
         std::fs::write(&path, &bytes[..ENTRIES_OFFSET + 2 * 64 + 20]).unwrap();
-        crate::loss::saved_record::mark_copy(&path, true).unwrap();
+        crate::loss::saved_record::mark_copy(&path, true, (0, 0)).unwrap();
         let copy = std::fs::read(&path).unwrap();
         std::fs::remove_file(&path).unwrap();
         assert_eq!(copy.len(), file_len(8));
@@ -863,8 +891,32 @@ mod tests {
         let s = back.snapshot();
         assert_eq!(s.entries.iter().map(|a| a.commit_end).collect::<Vec<_>>(), vec![100, 200]);
         assert!(s.incomplete && s.salvaged && s.lost_at_restart);
+        assert_eq!(s.ended_at, (0, 0));
         drop(memory);
         // A whole record is neither cut nor marked salvaged.
         assert_eq!(truncated_lengths(&bytes[..HEADER_LEN], bytes.len() as u64), None);
+    }
+
+    /// A copy saved after a clean shutdown carries where it began and its
+    /// time, and nothing else: not incomplete, entries unchanged.
+    #[test]
+    fn a_clean_end_copy_is_stamped() {
+        let (ring, _m) = anonymous(8);
+        ring.record_at(100, 1, 0);
+        // SAFETY: the mapping is file_len(8) bytes of the test's memory.
+        let bytes = unsafe { std::slice::from_raw_parts(ring.map.addr, file_len(8)) }.to_vec();
+        let path = std::env::temp_dir().join(format!("dd_clean_end_copy_{}", std::process::id()));
+        std::fs::write(&path, &bytes).unwrap();
+        crate::loss::saved_record::mark_copy(&path, false, (0x3006CA0, 1_800_000_000)).unwrap();
+        let copy = std::fs::read(&path).unwrap();
+        std::fs::remove_file(&path).unwrap();
+        let (back, memory) = anonymous(8);
+        // SAFETY: both are file_len(8) bytes; the ring does not outlive `memory`.
+        unsafe { std::ptr::copy_nonoverlapping(copy.as_ptr(), back.map.addr, copy.len()) };
+        let s = Ring::new(back.map).unwrap().snapshot();
+        assert_eq!(s.ended_at, (0x3006CA0, 1_800_000_000));
+        assert!(!s.incomplete);
+        assert_eq!(s.entries.iter().map(|a| a.commit_end).collect::<Vec<_>>(), vec![100]);
+        drop(memory);
     }
 }

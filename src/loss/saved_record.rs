@@ -107,7 +107,7 @@ is saved and delivered.",
         }
         Some(Ok(dir)) => dir,
     };
-    match copy_into(&dir, ring_file, system_id, lost_at_restart) {
+    match copy_into(&dir, ring_file, system_id, lost_at_restart, (0, 0), None) {
         Ok(saved) => pgrx::log!(
             "delayed_durability: the record of the crashed run ({entries} entries) is saved in \"{}\"{}; if a standby \
 was promoted meanwhile, this server delivers it there once it streams from it as a standby (or import it there with \
@@ -121,6 +121,38 @@ delayed_durability_import_failover_record())",
         ),
         Err(e) => pgrx::warning!(
             "delayed_durability: could not save the record of the crashed run in \"{}\": {e}",
+            dir.display()
+        ),
+    }
+}
+
+/// At a start as a standby after this server's clean shutdown as a
+/// primary: saves the record of the run that ended there, stamped with
+/// where its shutdown checkpoint starts and its time, to be delivered like
+/// a crashed run's. A server promoted after that shutdown then knows the
+/// run lost nothing. (`end`: the checkpoint's position and time.)
+pub(super) fn save_clean_end(ring_file: &str, system_id: u64, end: (u64, i64), timeline: u32) {
+    let dir = match directory() {
+        None => return,
+        Some(Err(why)) => {
+            pgrx::warning!(
+                "delayed_durability: the record of the run that shut down cleanly is not saved: \
+delayed_durability.crash_record_directory {why}"
+            );
+            return;
+        }
+        Some(Ok(dir)) => dir,
+    };
+    match copy_into(&dir, ring_file, system_id, false, end, Some(timeline)) {
+        Ok(saved) => pgrx::log!(
+            "delayed_durability: the record of the run that shut down cleanly at {} is saved in \"{}\"; if a standby \
+was promoted after that shutdown, this server delivers it there once it streams from it, and that failover is then \
+known to have lost nothing",
+            crate::flush::lsn_text(end.0),
+            saved.display()
+        ),
+        Err(e) => pgrx::warning!(
+            "delayed_durability: could not save the record of the run that shut down cleanly in \"{}\": {e}",
             dir.display()
         ),
     }
@@ -250,8 +282,8 @@ then is not delivered (\"{}\"; if a standby was promoted from that timeline mean
 /// not survive the machine's restart; or it was truncated (then cut to its
 /// whole entries and padded with empty ones, so that the import reads
 /// them). Synced.
-pub(super) fn mark_copy(copy: &Path, lost_at_restart: bool) -> std::io::Result<()> {
-    use super::ring::{self, INCOMPLETE_OFFSET, LOST_AT_RESTART, SALVAGED};
+pub(super) fn mark_copy(copy: &Path, lost_at_restart: bool, ended_at: (u64, i64)) -> std::io::Result<()> {
+    use super::ring::{self, ENDED_AT_OFFSET, INCOMPLETE_OFFSET, LOST_AT_RESTART, SALVAGED};
     use std::os::unix::fs::FileExt;
     let file = std::fs::OpenOptions::new().read(true).write(true).open(copy)?;
     let len = file.metadata()?.len();
@@ -267,15 +299,27 @@ pub(super) fn mark_copy(copy: &Path, lost_at_restart: bool) -> std::io::Result<(
         let word = u32::from_ne_bytes(header[INCOMPLETE_OFFSET..INCOMPLETE_OFFSET + 4].try_into().expect("4 bytes"));
         file.write_all_at(&(word | bits).to_ne_bytes(), INCOMPLETE_OFFSET as u64)?;
     }
+    if ended_at != (0, 0) && header.len() >= ENDED_AT_OFFSET + 16 {
+        file.write_all_at(&ended_at.0.to_ne_bytes(), ENDED_AT_OFFSET as u64)?;
+        file.write_all_at(&ended_at.1.to_ne_bytes(), ENDED_AT_OFFSET as u64 + 8)?;
+    }
     file.sync_all()
 }
 
-fn copy_into(dir: &Path, ring_file: &str, system_id: u64, lost_at_restart: bool) -> std::io::Result<PathBuf> {
+fn copy_into(
+    dir: &Path,
+    ring_file: &str,
+    system_id: u64,
+    lost_at_restart: bool,
+    ended_at: (u64, i64),
+    timeline: Option<u32>,
+) -> std::io::Result<PathBuf> {
     let prefix = node_prefix(system_id);
     let secs = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs());
     // The timeline the crashed run wrote on: the delivery names it, so
     // that the new primary attaches the record to the failover from it.
-    let timeline = crashed_timeline().map_or(String::new(), |t| format!("-tl{t}"));
+    // (After a clean shutdown, pg_control's checkpoint says it.)
+    let timeline = timeline.or_else(crashed_timeline).map_or(String::new(), |t| format!("-tl{t}"));
     // Two crash restarts of one postmaster within a second would give the
     // same name: the later record takes the next free second, never the
     // earlier one's place.
@@ -285,7 +329,7 @@ fn copy_into(dir: &Path, ring_file: &str, system_id: u64, lost_at_restart: bool)
     let target = dir.join(format!("{}.commits", name(secs)));
     let partial = target.with_extension("partial");
     let copied = std::fs::copy(ring_file, &partial)
-        .and_then(|_| mark_copy(&partial, lost_at_restart))
+        .and_then(|_| mark_copy(&partial, lost_at_restart, ended_at))
         .and_then(|()| std::fs::rename(&partial, &target));
     if let Err(e) = copied {
         let _ = std::fs::remove_file(&partial);
